@@ -1,0 +1,308 @@
+"""Roofline formulas for prefill and decode: pure functions, no torch, no I/O, SI units.
+
+Every function counts one thing and its docstring says what it ignores. Units are in the names
+(`_flops`, `_bytes`, `_s`, `_per_s`); convert to GiB or TB/s only for display.
+
+Two hidden choices behind the chapter's figures are made explicit by `Counting`:
+  * attention over the full P x P square (the chapter's 4LP^2d) or the causal half a real
+    kernel computes;
+  * N as all parameters (the chapter's 2NP) or only the weights a token is multiplied by
+    (layer matmuls, plus the output head for the positions whose logits are needed).
+`CHAPTER` reproduces the chapter; `KERNEL` is what the lab's kernels really execute.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .specs import BYTES_PER_ELEMENT, HardwareSpec, ModelSpec, SpecError
+
+# The chapter's planning conventions, named so a reader can find and change them.
+CHAPTER_MFU = 0.40  # "use 40 % to plan": prefill at 40 % of dense peak
+CHAPTER_BANDWIDTH_EFFICIENCY = 0.75  # behind "157 tokens a second": 0.75 * 3.35e12 / 16.06e9
+# Cache share of a decode step's read at the regime boundaries: the chapter's "under 15 %"
+# (weights dominate) and "70-90 %" (cache dominates); in between is "mixed".
+WEIGHTS_DOMINATED_BELOW = 0.15
+CACHE_DOMINATED_FROM = 0.70
+INT8_SCALE_BYTES = 4  # one fp32 scale per token per kv head, for K and for V
+CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8")
+
+
+@dataclass(frozen=True)
+class Counting:
+    """Which FLOPs are counted: `attention` "full" | "causal"; `params` "all" | "matmul"."""
+
+    attention: str = "full"
+    params: str = "all"
+
+    def __post_init__(self):
+        if self.attention not in ("full", "causal"):
+            raise SpecError(f"attention counting must be 'full' or 'causal', got {self.attention!r}")
+        if self.params not in ("all", "matmul"):
+            raise SpecError(f"parameter counting must be 'all' or 'matmul', got {self.params!r}")
+
+
+CHAPTER = Counting(attention="full", params="all")
+KERNEL = Counting(attention="causal", params="matmul")
+
+
+# ---------------------------------------------------------------- parameters and bytes
+def layer_params(model: ModelSpec) -> int:
+    """Parameters of one decoder layer: q, k, v, o projections, SwiGLU's three matrices, two norms."""
+    attention = model.hidden_size * (model.q_dim + 2 * model.kv_dim) + model.q_dim * model.hidden_size
+    mlp = 3 * model.hidden_size * model.intermediate_size
+    return attention + mlp + 2 * model.hidden_size
+
+
+def layer_matmul_params(model: ModelSpec) -> int:
+    """Weights one token is multiplied by in one layer (the norms' vectors are not matmuls)."""
+    return layer_params(model) - 2 * model.hidden_size
+
+
+def head_params(model: ModelSpec) -> int:
+    """The output head V x d: the logits matmul (shares the embedding table when tied)."""
+    return model.vocab_size * model.hidden_size
+
+
+def param_count(model: ModelSpec, params: str = "all") -> int:
+    """N. "all": every stored parameter (embedding, layers, final norm, untied head) — what
+    config cards quote. "matmul": the weights one token is multiplied by — layer matmuls and
+    the head (the embedding is a table lookup, not a matmul)."""
+    if params == "matmul":
+        return model.n_layers * layer_matmul_params(model) + head_params(model)
+    if params != "all":
+        raise SpecError(f"params must be 'all' or 'matmul', got {params!r}")
+    untied_head = 0 if model.tie_embeddings else head_params(model)
+    embedding = model.vocab_size * model.hidden_size
+    return embedding + model.n_layers * layer_params(model) + model.hidden_size + untied_head
+
+
+def weight_bytes(model: ModelSpec, dtype: str = "bf16", params: str = "all") -> int:
+    """Bytes of the weights in `dtype` (the chapter's 16.06 GB is all 8.03 B parameters in bf16)."""
+    return param_count(model, params) * BYTES_PER_ELEMENT[_check_dtype(dtype)]
+
+
+def kv_bytes_per_token(model: ModelSpec, cache_dtype: str = "bf16") -> int:
+    """Cache bytes one token adds: K and V, every layer, every kv head: 2 * L * Hkv * dh * bytes.
+    int8 adds its scales (one fp32 per token per kv head, for K and V); fp8 uses one scale per
+    tensor, which is negligible and not counted."""
+    values = 2 * model.n_layers * model.kv_dim * BYTES_PER_ELEMENT[_check_cache_dtype(cache_dtype)]
+    scales = 2 * model.n_layers * model.n_kv_heads * INT8_SCALE_BYTES if cache_dtype == "int8" else 0
+    return values + scales
+
+
+def kv_cache_bytes(model: ModelSpec, tokens: int, batch: int = 1, cache_dtype: str = "bf16") -> int:
+    """The whole cache for `batch` sequences of `tokens` tokens each."""
+    return batch * tokens * kv_bytes_per_token(model, cache_dtype)
+
+
+def logits_bytes(model: ModelSpec, positions: int, dtype: str = "fp32") -> int:
+    """Logits for `positions` positions: V scores each (fp32, as samplers keep them)."""
+    return positions * model.vocab_size * BYTES_PER_ELEMENT[_check_dtype(dtype)]
+
+
+def score_matrix_elements(tokens: int) -> int:
+    """Attention scores for one head of one layer if materialised: a P x P square."""
+    return tokens * tokens
+
+
+def score_matrix_bytes(tokens: int, dtype: str = "bf16") -> int:
+    """Bytes of that square in `dtype` — what FlashAttention never writes to memory."""
+    return score_matrix_elements(tokens) * BYTES_PER_ELEMENT[_check_dtype(dtype)]
+
+
+# ---------------------------------------------------------------- FLOPs
+def attention_pairs(query_tokens: int, past_tokens: int = 0, attention: str = "full") -> int:
+    """(query, key) pairs scored: full = q * (past + q); causal = q * past + q(q+1)/2."""
+    if attention == "causal":
+        return query_tokens * past_tokens + query_tokens * (query_tokens + 1) // 2
+    return query_tokens * (past_tokens + query_tokens)
+
+
+def prefill_linear_flops(model: ModelSpec, prompt_tokens: int, batch: int = 1, params: str = "all") -> int:
+    """2 FLOPs (multiply + add) per weight per position. "all" is the chapter's 2NP;
+    "matmul" multiplies every position by the layer weights and only the last by the head
+    (prefill needs logits for one position). Ignores norms, RoPE, softmax (O(P d))."""
+    if params == "all":
+        return 2 * param_count(model, "all") * prompt_tokens * batch
+    per_sequence = 2 * model.n_layers * layer_matmul_params(model) * prompt_tokens + 2 * head_params(model)
+    return per_sequence * batch
+
+
+def prefill_attention_flops(model: ModelSpec, prompt_tokens: int, batch: int = 1,
+                            attention: str = "full", past_tokens: int = 0) -> int:
+    """Q K^T and P V: 2 FLOPs per pair per query dim for each, so 4 * L * (H dh) * pairs.
+    "full" with no past is the chapter's 4LP^2d. `past_tokens` are already cached (chunked prefill)."""
+    pairs = attention_pairs(prompt_tokens, past_tokens, attention)
+    return 4 * model.n_layers * model.q_dim * pairs * batch
+
+
+def prefill_flops(model: ModelSpec, prompt_tokens: int, batch: int = 1, counting: Counting = CHAPTER,
+                  past_tokens: int = 0) -> int:
+    """Linear + attention FLOPs of one prefill pass."""
+    return (prefill_linear_flops(model, prompt_tokens, batch, counting.params)
+            + prefill_attention_flops(model, prompt_tokens, batch, counting.attention, past_tokens))
+
+
+def attention_share(model: ModelSpec, prompt_tokens: int, counting: Counting = CHAPTER) -> float:
+    """Fraction of prefill FLOPs spent in attention (6 % at 2,000 tokens on the 8B, chapter counting)."""
+    attention = prefill_attention_flops(model, prompt_tokens, attention=counting.attention)
+    return attention / prefill_flops(model, prompt_tokens, counting=counting)
+
+
+def crossover_tokens(model: ModelSpec, counting: Counting = CHAPTER) -> float:
+    """Prompt length where attention FLOPs equal linear FLOPs. With chapter counting this is
+    N / (2 L d); in general the positive root of a * P^2 + b * P + c = 0."""
+    four_ld = 4 * model.n_layers * model.q_dim
+    if counting.params == "all":
+        per_token, fixed = 2 * param_count(model, "all"), 0
+    else:
+        per_token, fixed = 2 * model.n_layers * layer_matmul_params(model), 2 * head_params(model)
+    if counting.attention == "full":  # 4Ld P^2 = per_token P + fixed
+        a, b = four_ld, -per_token
+    else:  # 4Ld P(P+1)/2 = per_token P + fixed
+        a, b = four_ld / 2, four_ld / 2 - per_token
+    return (-b + math.sqrt(b * b + 4 * a * fixed)) / (2 * a)
+
+
+def decode_flops_per_step(model: ModelSpec, batch: int, context_tokens: int, counting: Counting = CHAPTER) -> int:
+    """One new token for each of `batch` sequences: 2N per token plus attention of one query
+    over `context_tokens` keys, 4 * L * (H dh) * S. Decode attention is linear in S, not quadratic."""
+    n = param_count(model, counting.params)
+    return batch * (2 * n + 4 * model.n_layers * model.q_dim * context_tokens)
+
+
+# ---------------------------------------------------------------- bytes moved and intensity
+def decode_bytes_per_step(model: ModelSpec, batch: int, context_tokens: int, weight_dtype: str = "bf16",
+                          cache_dtype: str = "bf16", params: str = "all") -> int:
+    """One decode step reads every weight once and every active sequence's whole cache.
+    Ignores activations (O(B d)) and the new token's cache write (one token per sequence)."""
+    return weight_bytes(model, weight_dtype, params) + kv_cache_bytes(model, context_tokens, batch, cache_dtype)
+
+
+def cache_share(model: ModelSpec, batch: int, context_tokens: int, weight_dtype: str = "bf16",
+                cache_dtype: str = "bf16", params: str = "all") -> float:
+    """The cache's fraction of a decode step's read (52 % at 131,072 x 1 on the 8B)."""
+    cache = kv_cache_bytes(model, context_tokens, batch, cache_dtype)
+    return cache / decode_bytes_per_step(model, batch, context_tokens, weight_dtype, cache_dtype, params)
+
+
+def decode_regime(share: float) -> str:
+    """"weights-dominated" (< 15 %), "mixed", or "cache-dominated" (>= 70 %), by cache share."""
+    if share < WEIGHTS_DOMINATED_BELOW:
+        return "weights-dominated"
+    return "cache-dominated" if share >= CACHE_DOMINATED_FROM else "mixed"
+
+
+def prefill_bytes(model: ModelSpec, prompt_tokens: int, batch: int = 1, weight_dtype: str = "bf16",
+                  cache_dtype: str = "bf16") -> int:
+    """Weights read once plus the cache written. Ignores activations, which stay in on-chip
+    memory in a fused kernel only partly; this is the floor, not the total."""
+    return weight_bytes(model, weight_dtype) + kv_cache_bytes(model, prompt_tokens, batch, cache_dtype)
+
+
+def intensity_flops_per_byte(flops: float, bytes_moved: float) -> float:
+    """Arithmetic intensity: FLOPs done per byte moved from memory."""
+    return flops / bytes_moved
+
+
+def prefill_intensity_flops_per_byte(model: ModelSpec, prompt_tokens: int, batch: int = 1,
+                                     counting: Counting = CHAPTER, weight_dtype: str = "bf16") -> float:
+    """Prefill FLOPs over weight + cache bytes: about the prompt length (2 FLOPs per 2-byte weight)."""
+    return intensity_flops_per_byte(prefill_flops(model, prompt_tokens, batch, counting),
+                                    prefill_bytes(model, prompt_tokens, batch, weight_dtype))
+
+
+def decode_intensity_flops_per_byte(model: ModelSpec, batch: int, context_tokens: int,
+                                    counting: Counting = CHAPTER, weight_dtype: str = "bf16",
+                                    cache_dtype: str = "bf16") -> float:
+    """Decode FLOPs over bytes per step: about the batch size while the weights dominate."""
+    return intensity_flops_per_byte(
+        decode_flops_per_step(model, batch, context_tokens, counting),
+        decode_bytes_per_step(model, batch, context_tokens, weight_dtype, cache_dtype, counting.params))
+
+
+def ridge_point_flops_per_byte(hardware: HardwareSpec, dtype: str = "bf16") -> float:
+    """Intensity where compute and bandwidth take equally long: peak / bandwidth (295 on an H100)."""
+    return hardware.peak_flops_per_s(dtype) / hardware.memory_bandwidth_bytes_per_s
+
+
+def decode_compute_bound_batch(model: ModelSpec, hardware: HardwareSpec, context_tokens: int = 0,
+                               weight_dtype: str = "bf16", cache_dtype: str = "bf16",
+                               compute_dtype: str = "bf16", counting: Counting = CHAPTER) -> float | None:
+    """Batch at which decode intensity reaches the `compute_dtype` ridge point; None if it never
+    does (the cache read grows with the batch as fast as the FLOPs). Solves
+    B (2N + 4LqS) = R (W + B S k). With bf16 weights and no cache this is the ridge itself (295);
+    8-bit weights computed in bf16 halve it (about 150, the chapter's figure)."""
+    ridge = ridge_point_flops_per_byte(hardware, compute_dtype)
+    flops_per_sequence = decode_flops_per_step(model, 1, context_tokens, counting)
+    cache_per_sequence = kv_cache_bytes(model, context_tokens, 1, cache_dtype)
+    denominator = flops_per_sequence - ridge * cache_per_sequence
+    if denominator <= 0:
+        return None
+    return ridge * weight_bytes(model, weight_dtype, counting.params) / denominator
+
+
+# ---------------------------------------------------------------- predicted times
+def compute_time_s(flops: float, hardware: HardwareSpec, dtype: str = "bf16", mfu: float = 1.0) -> float:
+    """Time to do `flops` at `mfu` of the dense peak for `dtype`."""
+    return flops / (hardware.peak_flops_per_s(dtype) * _fraction(mfu, "mfu"))
+
+
+def memory_time_s(bytes_moved: float, hardware: HardwareSpec, bandwidth_efficiency: float = 1.0) -> float:
+    """Time to move `bytes_moved` at `bandwidth_efficiency` of the memory bandwidth."""
+    return bytes_moved / (hardware.memory_bandwidth_bytes_per_s * _fraction(bandwidth_efficiency, "bandwidth efficiency"))
+
+
+def roofline_time_s(flops: float, bytes_moved: float, hardware: HardwareSpec, dtype: str = "bf16",
+                    mfu: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
+    """The roofline's prediction: the slower of compute and memory (they overlap perfectly)."""
+    return max(compute_time_s(flops, hardware, dtype, mfu), memory_time_s(bytes_moved, hardware, bandwidth_efficiency))
+
+
+def bound_by(flops: float, bytes_moved: float, hardware: HardwareSpec, dtype: str = "bf16") -> str:
+    """"compute" or "memory": which roof the operation sits under."""
+    compute = compute_time_s(flops, hardware, dtype)
+    return "compute" if compute >= memory_time_s(bytes_moved, hardware) else "memory"
+
+
+def tokens_per_s_per_sequence(step_time_s: float) -> float:
+    """Streaming speed one user sees: one token per decode step."""
+    return 1.0 / step_time_s
+
+
+# ---------------------------------------------------------------- memory footprint
+def activation_bytes(model: ModelSpec, tokens: int, batch: int = 1, dtype: str = "bf16") -> int:
+    """Peak activations of one layer's forward for `batch * tokens` positions: the residual,
+    q/k/v, attention output and SwiGLU's two ffn-wide intermediates. Flash attention keeps the
+    score matrix on chip, so no P x P term. An estimate for refusing oversized runs."""
+    width = 2 * model.hidden_size + model.q_dim + 2 * model.kv_dim + 3 * model.intermediate_size
+    return batch * tokens * width * BYTES_PER_ELEMENT[_check_dtype(dtype)]
+
+
+def memory_footprint_bytes(model: ModelSpec, batch: int, context_tokens: int, weight_dtype: str = "bf16",
+                           cache_dtype: str = "bf16", prefill_tokens: int | None = None) -> int:
+    """Weights + a cache of `context_tokens` per sequence + the prefill's activations and the
+    last position's fp32 logits. `prefill_tokens` defaults to the whole context in one pass."""
+    tokens = context_tokens if prefill_tokens is None else prefill_tokens
+    return (weight_bytes(model, weight_dtype) + kv_cache_bytes(model, context_tokens, batch, cache_dtype)
+            + activation_bytes(model, tokens, batch, weight_dtype) + logits_bytes(model, batch))
+
+
+# ---------------------------------------------------------------- checks
+def _check_dtype(dtype: str) -> str:
+    if dtype not in BYTES_PER_ELEMENT:
+        raise SpecError(f"unknown dtype {dtype!r}; known: {', '.join(BYTES_PER_ELEMENT)}")
+    return dtype
+
+
+def _check_cache_dtype(dtype: str) -> str:
+    if dtype not in CACHE_DTYPES:
+        raise SpecError(f"unknown cache dtype {dtype!r}; known: {', '.join(CACHE_DTYPES)}")
+    return dtype
+
+
+def _fraction(value: float, name: str) -> float:
+    if not 0 < value <= 1:
+        raise SpecError(f"{name} must be in (0, 1], got {value!r}")
+    return value

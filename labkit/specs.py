@@ -1,0 +1,226 @@
+"""Hardware and model specs: frozen dataclasses in registries, a source on every number.
+
+Notation used across the lab (the lesson's letters -> code names):
+
+    P   prompt tokens              prompt_tokens
+    S   context (cached) tokens    context_tokens
+    B   batch (sequences)          batch
+    L   layers                     ModelSpec.n_layers
+    d   hidden size                ModelSpec.hidden_size
+    H   query heads                ModelSpec.n_heads
+    Hkv key/value heads            ModelSpec.n_kv_heads
+    dh  head dimension             ModelSpec.head_dim
+    N   parameters                 roofline.param_count(model, ...)
+    V   vocabulary                 ModelSpec.vocab_size
+
+Derived quantities (ridge point, parameter counts) are computed in `roofline`, never stored here.
+An unknown name raises `SpecError` listing the known ones; a Hugging Face-style `config.json`
+given by path is read offline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SpecError
+
+DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One machine's roofline: dense peak per dtype, memory bandwidth and capacity.
+
+    Peaks are *dense* (no 2:4 sparsity) tensor-core figures. `None` means the dtype has no
+    tensor-core path on that chip. `sources` maps each numeric field to where it came from.
+    """
+
+    name: str
+    bf16_flops_per_s: float | None
+    fp16_flops_per_s: float | None
+    fp8_flops_per_s: float | None
+    int8_ops_per_s: float | None
+    fp32_flops_per_s: float | None
+    memory_bandwidth_bytes_per_s: float
+    memory_bytes: float
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+    kind: str = "datasheet"  # "datasheet" or "calibrated"
+
+    def peak_flops_per_s(self, dtype: str) -> float:
+        """Dense peak for `dtype`; raises SpecError if the chip has no such path."""
+        if dtype not in DTYPES:
+            raise SpecError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+        value = getattr(self, "int8_ops_per_s" if dtype == "int8" else f"{dtype}_flops_per_s")
+        if value is None:
+            raise SpecError(f"{self.name} has no {dtype} peak (no tensor-core path for it)")
+        return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A Llama-architecture decoder (RMSNorm, RoPE, GQA, SwiGLU), as its config.json states it."""
+
+    name: str
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_embeddings: bool
+    rope_theta: float
+    norm_eps: float
+    max_context: int
+    source: str
+
+    def __post_init__(self):
+        for name in ("hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                     "intermediate_size", "vocab_size", "max_context"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise SpecError(f"model {self.name!r}: n_heads ({self.n_heads}) must be a multiple "
+                            f"of n_kv_heads ({self.n_kv_heads}) for grouped-query attention")
+        if self.head_dim % 2:
+            raise SpecError(f"model {self.name!r}: head_dim ({self.head_dim}) must be even for RoPE")
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together, H * dh (equals d for every Llama preset)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key (or value) heads together, Hkv * dh."""
+        return self.n_kv_heads * self.head_dim
+
+
+_NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), dense = half the with-sparsity figure"
+_NV_H200 = "NVIDIA H200 Tensor Core GPU datasheet (2024), dense = half the with-sparsity figure"
+_NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021)"
+_NV_L4 = "NVIDIA L4 Tensor Core GPU datasheet (2023), dense = half the with-sparsity figure"
+_NV_T4 = "NVIDIA T4 Tensor Core GPU datasheet (2019)"
+_NV_ADA = "NVIDIA Ada Lovelace GPU Architecture whitepaper v2.1, Appendix A (GeForce RTX 4090), FP32 accumulate"
+
+
+def _gpu(name, bf16, fp16, fp8, int8, fp32, bandwidth, memory, source, **extra_sources):
+    fields = ("bf16_flops_per_s", "fp16_flops_per_s", "fp8_flops_per_s", "int8_ops_per_s",
+              "fp32_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes")
+    sources = {f: extra_sources.get(f, source) for f in fields}
+    return HardwareSpec(name, bf16, fp16, fp8, int8, fp32, bandwidth, memory, sources)
+
+
+T = 1e12
+GB = 1e9
+GPUS: dict[str, HardwareSpec] = {g.name: g for g in (
+    # The chapter's machine: 989 TFLOP/s dense bf16 and 3.35 TB/s give its ridge point of 295.
+    _gpu("H100-SXM", 989.4 * T, 989.4 * T, 1978.9 * T, 1978.9 * T, 66.9 * T, 3.35e12, 80 * GB, _NV_H100),
+    _gpu("H100-PCIe", 756.0 * T, 756.0 * T, 1513.0 * T, 1513.0 * T, 51.0 * T, 2.0e12, 80 * GB, _NV_H100),
+    # Same compute as the H100 SXM, more and faster HBM3e.
+    _gpu("H200", 989.4 * T, 989.4 * T, 1978.9 * T, 1978.9 * T, 66.9 * T, 4.8e12, 141 * GB, _NV_H200),
+    _gpu("A100-40GB", 312.0 * T, 312.0 * T, None, 624.0 * T, 19.5 * T, 1.555e12, 40 * GB, _NV_A100),
+    _gpu("A100-80GB", 312.0 * T, 312.0 * T, None, 624.0 * T, 19.5 * T, 2.039e12, 80 * GB, _NV_A100),
+    _gpu("L4", 121.0 * T, 121.0 * T, 242.5 * T, 242.5 * T, 30.3 * T, 300e9, 24 * GB, _NV_L4),
+    # Turing has fp16 tensor cores but no bf16 or fp8.
+    _gpu("T4", None, 65.0 * T, None, 130.0 * T, 8.1 * T, 320e9, 16 * GB, _NV_T4),
+    _gpu("RTX-4090", 165.2 * T, 165.2 * T, 330.3 * T, 660.6 * T, 82.6 * T, 1008e9, 24 * GB, _NV_ADA),
+)}
+
+_HF = "config.json of meta-llama/{} on Hugging Face"
+
+
+def _llama(name, repo, d, L, H, Hkv, dh, ffn, tie, max_context=131072):
+    return ModelSpec(name=name, hidden_size=d, n_layers=L, n_heads=H, n_kv_heads=Hkv, head_dim=dh,
+                     intermediate_size=ffn, vocab_size=128256, tie_embeddings=tie, rope_theta=500000.0,
+                     norm_eps=1e-5, max_context=max_context, source=_HF.format(repo))
+
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (
+    _llama("llama-3.1-8b", "Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, False),
+    _llama("llama-3.1-70b", "Llama-3.1-70B", 8192, 80, 64, 8, 128, 28672, False),
+    _llama("llama-3.1-405b", "Llama-3.1-405B", 16384, 126, 128, 8, 128, 53248, False),
+    _llama("llama-3.2-1b", "Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, True),
+    _llama("llama-3.2-3b", "Llama-3.2-3B", 3072, 28, 24, 8, 128, 8192, True),
+    # The lab's CPU model: Llama-shaped, sized so that on a 2-core CPU (fp32) prefill passes its
+    # causal attention crossover (~3,000 tokens) below 4,096 tokens and decode moves from weights-
+    # to cache-dominated within batch <= 64 and context <= 8,192, each measured point taking under
+    # ~2 s. The large vocabulary puts ~63 MB of matmul weights (fp32) beyond a 32 MiB L3 cache, so
+    # decode really streams from DRAM, while prefill pays for the output head on one position only.
+    ModelSpec(name="lab-cpu", hidden_size=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64,
+              intermediate_size=768, vocab_size=49152, tie_embeddings=False, rope_theta=500000.0,
+              norm_eps=1e-5, max_context=8192, source="this lab (labkit/specs.py), sized for 2 CPU cores"),
+    # A tiny model for tests and dry runs.
+    ModelSpec(name="lab-tiny", hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+              intermediate_size=128, vocab_size=256, tie_embeddings=False, rope_theta=10000.0,
+              norm_eps=1e-5, max_context=4096, source="this lab (labkit/specs.py), for tests"),
+)}
+
+
+def get_gpu(name: str) -> HardwareSpec:
+    """The preset called `name` (case-insensitive); SpecError lists the known ones."""
+    for key, spec in GPUS.items():
+        if key.lower() == str(name).lower():
+            return spec
+    raise SpecError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A preset by name (case-insensitive), or a Hugging Face-style config.json by path."""
+    for key, spec in MODELS.items():
+        if key.lower() == str(name_or_path).lower():
+            return spec
+    path = Path(str(name_or_path))
+    if path.suffix == ".json" or path.exists():
+        return model_from_config(path)
+    raise SpecError(f"unknown model {name_or_path!r}; known: {', '.join(MODELS)} "
+                    f"(or give the path of a Hugging Face config.json)")
+
+
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def model_from_config(path: str | Path) -> ModelSpec:
+    """Read a Hugging Face-style Llama config.json (offline). Malformed files raise SpecError."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"config file {str(path)!r} not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SpecError(f"config file {str(path)!r} is not readable JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise SpecError(f"config file {str(path)!r} must hold a JSON object, got {type(config).__name__}")
+    missing = [k for k in _REQUIRED if k not in config]
+    if missing:
+        raise SpecError(f"config file {str(path)!r} lacks {', '.join(missing)}")
+    heads = config["num_attention_heads"]
+    hidden = config["hidden_size"]
+    if not isinstance(heads, int) or not isinstance(hidden, int) or heads < 1:
+        raise SpecError(f"config file {str(path)!r}: hidden_size and num_attention_heads must be positive integers")
+    try:
+        return ModelSpec(
+            name=str(config.get("_name_or_path") or path.stem), hidden_size=hidden,
+            n_layers=config["num_hidden_layers"], n_heads=heads,
+            n_kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim", hidden // heads),
+            intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            max_context=config.get("max_position_embeddings", 131072), source=str(path))
+    except (TypeError, ValueError) as err:
+        if isinstance(err, SpecError):
+            raise
+        raise SpecError(f"config file {str(path)!r}: {err}") from None
+
+
+def with_changes(spec, **changes):
+    """A copy of a spec with some fields replaced (e.g. a shorter model for a quick run)."""
+    return dataclasses.replace(spec, **changes)

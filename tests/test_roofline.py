@@ -1,0 +1,100 @@
+"""Roofline formulas: properties that must hold for any model, beyond the chapter's figures."""
+import pytest
+
+from labkit import roofline as r
+from labkit.specs import MODELS, SpecError, get_gpu, get_model
+
+L8 = get_model("llama-3.1-8b")
+H200 = get_gpu("H200")
+COUNTINGS = [r.CHAPTER, r.KERNEL, r.Counting("causal", "all"), r.Counting("full", "matmul")]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("counting", COUNTINGS)
+def test_at_the_crossover_attention_equals_linear(name, counting):
+    model = MODELS[name]
+    p = r.crossover_tokens(model, counting)
+    # Evaluate the two terms as continuous functions of P at the crossover.
+    linear = (2 * r.param_count(model) * p if counting.params == "all"
+              else 2 * model.n_layers * r.layer_matmul_params(model) * p + 2 * r.head_params(model))
+    pairs = p * p if counting.attention == "full" else p * (p + 1) / 2
+    attention = 4 * model.n_layers * model.q_dim * pairs
+    assert attention == pytest.approx(linear, rel=1e-9)
+
+
+def test_causal_pairs_are_the_lower_triangle():
+    assert r.attention_pairs(4, 0, "causal") == 10
+    assert r.attention_pairs(4, 0, "full") == 16
+    # a chunk of 3 after 5 cached tokens sees 5 + (1, 2, 3) keys
+    assert r.attention_pairs(3, 5, "causal") == 15 + 6
+
+
+def test_chunked_prefill_flops_add_up_to_one_shot():
+    whole = r.prefill_attention_flops(L8, 4096, attention="causal")
+    chunks = sum(r.prefill_attention_flops(L8, 1024, attention="causal", past_tokens=s)
+                 for s in range(0, 4096, 1024))
+    assert chunks == whole
+
+
+def test_matmul_params_exclude_embedding_lookup_and_norms():
+    n_all, n_mm = r.param_count(L8, "all"), r.param_count(L8, "matmul")
+    norms = (2 * L8.n_layers + 1) * L8.hidden_size
+    assert n_all - n_mm == L8.vocab_size * L8.hidden_size + norms
+
+
+def test_tied_head_is_counted_once_in_all():
+    tied = get_model("llama-3.2-1b")
+    assert r.param_count(tied, "all") == (tied.vocab_size * tied.hidden_size
+                                          + tied.n_layers * r.layer_params(tied) + tied.hidden_size)
+
+
+@pytest.mark.parametrize("dtype,per_token", [("bf16", 131072), ("fp8", 65536), ("int8", 65536 + 2048),
+                                             ("fp32", 262144)])
+def test_kv_bytes_per_token_per_dtype(dtype, per_token):
+    assert r.kv_bytes_per_token(L8, dtype) == per_token
+
+
+def test_regime_boundaries():
+    assert r.decode_regime(0.1499) == "weights-dominated"
+    assert r.decode_regime(0.15) == "mixed"
+    assert r.decode_regime(0.6999) == "mixed"
+    assert r.decode_regime(0.70) == "cache-dominated"
+
+
+def test_decode_intensity_tracks_batch_while_weights_dominate():
+    for batch in (1, 8, 64):
+        assert r.decode_intensity_flops_per_byte(L8, batch, 0) == pytest.approx(batch)
+
+
+def test_roofline_time_is_the_slower_roof():
+    flops, nbytes = 1e15, 1e9
+    t = r.roofline_time_s(flops, nbytes, H200)
+    assert t == pytest.approx(flops / H200.bf16_flops_per_s)
+    assert r.bound_by(flops, nbytes, H200) == "compute"
+    assert r.bound_by(1e9, 1e12, H200) == "memory"
+
+
+def test_h200_decode_is_faster_by_its_bandwidth_ratio():
+    h100 = get_gpu("H100-SXM")
+    step = r.decode_bytes_per_step(L8, 8, 4096)
+    assert r.memory_time_s(step, h100) / r.memory_time_s(step, H200) == pytest.approx(4.8 / 3.35)
+
+
+def test_footprint_grows_with_batch_and_context():
+    small = r.memory_footprint_bytes(L8, 1, 1024)
+    assert r.memory_footprint_bytes(L8, 2, 1024) > small
+    assert r.memory_footprint_bytes(L8, 1, 2048) > small
+    assert small > r.weight_bytes(L8)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: r.kv_bytes_per_token(L8, "fp4"),
+    lambda: r.weight_bytes(L8, "fp64"),
+    lambda: r.compute_time_s(1e12, H200, mfu=0),
+    lambda: r.memory_time_s(1e9, H200, bandwidth_efficiency=1.5),
+    lambda: r.Counting("half", "all"),
+    lambda: r.param_count(L8, "some"),
+])
+def test_bad_arguments_raise_spec_errors(call):
+    with pytest.raises(SpecError):
+        call()

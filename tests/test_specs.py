@@ -1,0 +1,88 @@
+"""Specs: every number has a source, unknown names list the known ones, config.json is read offline."""
+import dataclasses
+import json
+
+import pytest
+
+from labkit import roofline as r
+from labkit.specs import GPUS, MODELS, SpecError, get_gpu, get_model, model_from_config
+
+NUMERIC_GPU_FIELDS = [f.name for f in dataclasses.fields(GPUS["H100-SXM"])
+                      if f.name not in ("name", "sources", "kind")]
+
+
+@pytest.mark.parametrize("name", list(GPUS))
+def test_every_gpu_number_has_a_source(name):
+    gpu = GPUS[name]
+    for field in NUMERIC_GPU_FIELDS:
+        assert gpu.sources.get(field), f"{name}.{field} has no source"
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_model_has_a_source_and_consistent_heads(name):
+    model = MODELS[name]
+    assert model.source
+    assert model.n_heads % model.n_kv_heads == 0
+
+
+def test_published_parameter_counts():
+    # Totals as Meta publishes them (safetensors index "total_size" / 2 bytes for bf16).
+    assert r.param_count(get_model("llama-3.1-70b")) == 70_553_706_496
+    assert r.param_count(get_model("llama-3.1-405b")) == 405_853_388_800
+    assert r.param_count(get_model("llama-3.2-1b")) == 1_235_814_400
+    assert r.param_count(get_model("llama-3.2-3b")) == 3_212_749_824
+
+
+def test_names_are_case_insensitive():
+    assert get_gpu("h200") is GPUS["H200"]
+    assert get_model("LLAMA-3.1-8B") is MODELS["llama-3.1-8b"]
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(SpecError, match="known: H100-SXM"):
+        get_gpu("B200")
+    with pytest.raises(SpecError, match="llama-3.1-8b"):
+        get_model("gpt-5")
+
+
+def test_missing_peak_is_an_error_not_a_guess():
+    with pytest.raises(SpecError, match="no fp8"):
+        get_gpu("A100-80GB").peak_flops_per_s("fp8")
+    with pytest.raises(SpecError, match="unknown dtype"):
+        get_gpu("H100-SXM").peak_flops_per_s("fp4")
+
+
+def _write(tmp_path, content):
+    path = tmp_path / "config.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_hf_config_round_trip(tmp_path):
+    config = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+              "rope_theta": 500000.0, "tie_word_embeddings": False}
+    model = get_model(str(_write(tmp_path, config)))
+    assert r.param_count(model) == r.param_count(get_model("llama-3.1-8b"))
+    assert model.head_dim == 128
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{not json", "not readable JSON"),
+    ("[1, 2]", "must hold a JSON object"),
+    ({"hidden_size": 64}, "lacks num_hidden_layers"),
+    ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 2,
+      "intermediate_size": 8, "vocab_size": 10}, "multiple of n_kv_heads"),
+    ({"hidden_size": "64", "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 8, "vocab_size": 10}, "positive integers"),
+    ({"hidden_size": 64, "num_hidden_layers": -1, "num_attention_heads": 4,
+      "intermediate_size": 8, "vocab_size": 10}, "n_layers must be a positive integer"),
+])
+def test_malformed_config_gives_a_clear_error(tmp_path, content, message):
+    with pytest.raises(SpecError, match=message):
+        model_from_config(_write(tmp_path, content))
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(SpecError, match="not found"):
+        get_model(str(tmp_path / "nope.json"))
