@@ -266,6 +266,25 @@ def bound_by(flops: float, bytes_moved: float, hardware: HardwareSpec, dtype: st
     return "compute" if compute >= memory_time_s(bytes_moved, hardware) else "memory"
 
 
+def predicted_prefill_time_s(model: ModelSpec, prompt_tokens: int, hardware: HardwareSpec, batch: int = 1,
+                             dtype: str = "bf16", counting: Counting = KERNEL, mfu: float = 1.0,
+                             bandwidth_efficiency: float = 1.0, past_tokens: int = 0) -> float:
+    """Roofline time of one prefill pass with weights and activations in `dtype`. With a
+    calibrated `hardware` and efficiencies of 1 this is what the lab plots as "predicted"."""
+    flops = prefill_flops(model, prompt_tokens, batch, counting, past_tokens)
+    nbytes = prefill_bytes(model, prompt_tokens, batch, dtype, _cache_dtype_for(dtype))
+    return roofline_time_s(flops, nbytes, hardware, dtype, mfu, bandwidth_efficiency)
+
+
+def predicted_decode_step_s(model: ModelSpec, batch: int, context_tokens: int, hardware: HardwareSpec,
+                            dtype: str = "bf16", cache_dtype: str = "bf16", counting: Counting = KERNEL,
+                            mfu: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
+    """Roofline time of one decode step (weights in `dtype`, cache in `cache_dtype`)."""
+    flops = decode_flops_per_step(model, batch, context_tokens, counting)
+    nbytes = decode_bytes_per_step(model, batch, context_tokens, dtype, cache_dtype, counting.params)
+    return roofline_time_s(flops, nbytes, hardware, dtype, mfu, bandwidth_efficiency)
+
+
 def tokens_per_s_per_sequence(step_time_s: float) -> float:
     """Streaming speed one user sees: one token per decode step."""
     return 1.0 / step_time_s
@@ -290,6 +309,10 @@ def memory_footprint_bytes(model: ModelSpec, batch: int, context_tokens: int, we
 
 
 # ---------------------------------------------------------------- checks
+def _cache_dtype_for(dtype: str) -> str:
+    return dtype if dtype in CACHE_DTYPES else "bf16"
+
+
 def _check_dtype(dtype: str) -> str:
     if dtype not in BYTES_PER_ELEMENT:
         raise SpecError(f"unknown dtype {dtype!r}; known: {', '.join(BYTES_PER_ELEMENT)}")
