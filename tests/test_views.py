@@ -1,0 +1,58 @@
+"""Views build headless; a slider move changes the chart; errors land under the widget."""
+import pytest
+
+pytest.importorskip("plotly")
+pytest.importorskip("ipywidgets")
+
+from labkit import explore, views  # noqa: E402
+from labkit.errors import LabError  # noqa: E402
+from labkit.specs import get_gpu, get_model  # noqa: E402
+
+
+def fake_measure(prompt_tokens):
+    """Stands in for sweeps.measure_prefill: a record with the keys views read."""
+    if prompt_tokens > 500:
+        raise LabError("prompt too long for this test")
+    return {"prompt_tokens": prompt_tokens, "time_s": 1e-3 * prompt_tokens, "predicted_time_s": 8e-4 * prompt_tokens,
+            "device": "cpu", "device_name": "test cpu", "bound": "compute", "spread": 0.01, "noisy": False}
+
+
+def make_lab():
+    slider = views.int_slider("P", 100, 10, 1000, 10)
+    predicted = {"prompt_tokens": [10, 1000], "predicted_time_s": [8e-3, 0.8]}
+    return views.SliderLab({"prompt_tokens": slider}, fake_measure, predicted, "prompt_tokens", "P", "t")
+
+
+def test_slider_move_adds_a_measured_point_and_residual():
+    lab = make_lab()
+    lab.sliders["prompt_tokens"].value = 200
+    assert list(lab.figure.data[1].x) == [200]
+    assert lab.figure.data[3].y[0] == pytest.approx(0.25)  # 1.0 / 0.8 - 1
+    assert "measured" in lab.error.widget.value and lab.error.last_error is None
+
+
+def test_error_in_callback_shows_one_line_and_keeps_the_chart():
+    lab = make_lab()
+    lab.sliders["prompt_tokens"].value = 200
+    lab.sliders["prompt_tokens"].value = 900
+    assert "prompt too long" in lab.error.widget.value
+    assert "Traceback" not in lab.error.widget.value
+    assert list(lab.figure.data[1].x) == [200]
+
+
+def test_sliders_fire_only_on_release():
+    assert make_lab().sliders["prompt_tokens"].continuous_update is False
+
+
+def test_noisy_points_are_drawn_apart():
+    lab = make_lab()
+    lab.records = [dict(fake_measure(100), noisy=True)]
+    views.set_measured(lab.figure, explore.measured_series(lab.records, "prompt_tokens"))
+    assert list(lab.figure.data[2].x) == [100] and list(lab.figure.data[1].x) == []
+
+
+def test_roofline_figure_places_both_phases():
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("H100-SXM")
+    fig = views.roofline_figure([explore.roofline_curve(gpu)], [explore.phase_points(model, gpu, 2000, 1)], "t")
+    bounds = [t for t in fig.data[2].text]
+    assert "compute-bound" in bounds[0] and "memory-bound" in bounds[1]
