@@ -44,7 +44,83 @@ def lesson_01() -> dict[str, str]:
     }
 
 
-LESSONS = {"01": lesson_01}
+def lesson_02() -> dict[str, str]:
+    """Prefill's two terms: linear 2NP and attention 4LP^2d, their crossover, the 31x."""
+    model, h100, _ = _chapter_setting()
+    big, huge = get_model("llama-3.1-70b"), get_model("llama-3.1-405b")
+    short, long = 2048, 32768
+    t_short = r.compute_time_s(r.prefill_flops(model, short), h100, "bf16", r.CHAPTER_MFU)
+    t_long = r.compute_time_s(r.prefill_flops(model, long), h100, "bf16", r.CHAPTER_MFU)
+    return {
+        "params_billion": fmt(r.param_count(model) / 1e9, 2),
+        "layers": fmt(model.n_layers), "hidden": fmt(model.hidden_size), "two": fmt(2), "four": fmt(4),
+        "crossover_8b": fmt(r.crossover_tokens(model)),
+        "crossover_70b": fmt(round(r.crossover_tokens(big), -3)),
+        "crossover_405b": fmt(round(r.crossover_tokens(huge), -3)),
+        "crossover_8b_causal": fmt(r.crossover_tokens(model, r.Counting("causal", "all"))),
+        "crossover_8b_kernel": fmt(r.crossover_tokens(model, r.KERNEL)),
+        "share_prompt": fmt(2000), "share_at_2000_pct": fmt(100 * r.attention_share(model, 2000)),
+        "long_prompt": fmt(long), "share_at_long_pct": fmt(100 * r.attention_share(model, long)),
+        "short_prompt": fmt(short), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
+        "h100_peak_tflops": fmt(h100.bf16_flops_per_s / 1e12),
+        "t_short_ms": fmt(1000 * t_short), "t_long_s": fmt(t_long, 1),
+        "ratio": fmt(t_long / t_short), "naive_ratio": fmt(long / short),
+    }
+
+
+def lesson_03() -> dict[str, str]:
+    """FlashAttention: the score matrix that is never written."""
+    tokens = 120_000
+    return {
+        "tokens": fmt(tokens),
+        "scores_billion": fmt(r.score_matrix_elements(tokens) / 1e9, 1),
+        "scores_gb": fmt(r.score_matrix_bytes(tokens, "bf16") / 1e9, 1),
+        "bytes_per_score": fmt(2),
+    }
+
+
+def lesson_04() -> dict[str, str]:
+    """Decode and the cache read: bytes per step, the cache's share, three regimes."""
+    model, h100, _ = _chapter_setting()
+    eff = r.CHAPTER_BANDWIDTH_EFFICIENCY
+    alone = r.tokens_per_s_per_sequence(r.memory_time_s(r.weight_bytes(model), h100, eff))
+    step = r.decode_bytes_per_step(model, 64, 8192)
+    loaded = r.tokens_per_s_per_sequence(r.memory_time_s(step, h100, eff))
+    return {
+        "kv_kib_per_token": fmt(r.kv_bytes_per_token(model) / 2**10),
+        "layers": fmt(model.n_layers), "kv_heads": fmt(model.n_kv_heads), "head_dim": fmt(model.head_dim),
+        "two": fmt(2),
+        "long_context": fmt(131072), "share_long_pct": fmt(100 * r.cache_share(model, 1, 131072)),
+        "context": fmt(8192), "batch": fmt(64), "share_batch_pct": fmt(100 * r.cache_share(model, 64, 8192)),
+        "cache_gb": fmt(r.kv_cache_bytes(model, 8192, 64) / 1e9, 1),
+        "weights_gb": fmt(r.weight_bytes(model) / 1e9, 2),
+        "step_gb": fmt(step / 1e9, 1), "slowdown": fmt(step / r.weight_bytes(model), 1),
+        "bandwidth_eff_pct": fmt(100 * eff), "h100_bandwidth_tb_per_s": fmt(h100.memory_bandwidth_bytes_per_s / 1e12, 2),
+        "tokens_alone": fmt(alone), "tokens_loaded": fmt(loaded),
+        "weights_below_pct": fmt(100 * r.WEIGHTS_DOMINATED_BELOW), "cache_from_pct": fmt(100 * r.CACHE_DOMINATED_FROM),
+        "chat_context": fmt(2000), "share_chat_pct": fmt(100 * r.cache_share(model, 1, 2000), 1),
+        "long_slowdown": fmt(r.decode_bytes_per_step(model, 1, 131072) / r.weight_bytes(model), 1),
+        "ridge": fmt(r.ridge_point_flops_per_byte(h100)),
+        "batch_bf16": fmt(r.decode_compute_bound_batch(model, h100)),
+        "batch_8bit": fmt(r.decode_compute_bound_batch(model, h100, weight_dtype="fp8")),
+        "fp8_kv_kib_per_token": fmt(r.kv_bytes_per_token(model, "fp8") / 2**10),
+    }
+
+
+def lesson_06() -> dict[str, str]:
+    """Chunked prefill: one long prompt stalls every stream unless it is sliced."""
+    model, h100, _ = _chapter_setting()
+    prompt, chunk = 50_000, 2048
+    stall = r.compute_time_s(r.prefill_flops(model, prompt, counting=r.KERNEL), h100, "bf16", r.CHAPTER_MFU)
+    chunks = -(-prompt // chunk)
+    first_chunk = r.compute_time_s(r.prefill_flops(model, chunk, counting=r.KERNEL), h100, "bf16", r.CHAPTER_MFU)
+    return {
+        "prompt": fmt(prompt), "stall_s": fmt(stall, 1), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
+        "chunk": fmt(chunk), "chunks": fmt(chunks), "first_chunk_ms": fmt(1000 * first_chunk),
+    }
+
+
+LESSONS = {"01": lesson_01, "02": lesson_02, "03": lesson_03, "04": lesson_04, "06": lesson_06}
 
 
 def lesson_numbers(lesson: str) -> dict[str, str]:
