@@ -1,0 +1,188 @@
+"""Flash attention forward for prefill: exact softmax attention without the P x S score matrix.
+
+What you learn here:
+  * prefill attends P new queries to S keys; a naive version writes the P x S scores to memory
+    (P * S * 4 bytes per head: 256 MiB for P = S = 8192), flash attention keeps them on chip;
+  * online softmax: walk the keys in tiles, keep per query a running max m and running sum l,
+    and rescale the partial output whenever m grows, so one pass gives the exact result;
+  * exp2 instead of exp: softmax(x) is unchanged if we use 2**(x * log2(e)), and log2(e) is
+    folded into the 1/sqrt(D) scale, so the inner loop pays one multiply;
+  * causal masking skips whole key tiles that lie after the last query of the tile;
+  * chunked prefill: when S > P the queries are the last P positions, query i sits at absolute
+    position S - P + i and sees keys 0 .. S - P + i;
+  * grouped-query attention (GQA): H query heads share Hkv kv heads, head h reads kv head
+    h // (H // Hkv), so the KV cache is H / Hkv times smaller.
+
+Shapes: q [B, H, P, D]; k, v [B, Hkv, S, D]; o [B, H, P, D].
+"""
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Pseudocode, one program per (BLOCK_M queries, one (batch, head)):
+#   qs = q_tile * sm_scale * log2(e)                          # [BLOCK_M, D]
+#   m = -inf, l = 0, acc = 0                                   # [BLOCK_M], [BLOCK_M], [BLOCK_M, D]
+#   for each key tile k_j, v_j (BLOCK_N keys; causal: stop after the tile's last visible key):
+#       s     = qs @ k_j^T, masked to -inf where key > query position or key >= S
+#       m_new = max(m, rowmax(s))
+#       p     = 2 ** (s - m_new)                               # [BLOCK_M, BLOCK_N]
+#       alpha = 2 ** (m - m_new)                               # rescales the old partial sums
+#       l     = l * alpha + rowsum(p);  acc = acc * alpha + p @ v_j;  m = m_new
+#   o_tile = acc / l
+
+
+def _configs():
+    """Autotune candidates on CUDA (H100); one small fixed tile in the interpreter."""
+    if not torch.cuda.is_available():
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    tiles = [(128, 64, 3, 4), (128, 64, 4, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 32, 4, 4),
+             (32, 32, 2, 4)]  # the last one fits shared memory even for fp32 with D = 256
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+            for bm, bn, s, w in tiles]
+
+
+@triton.autotune(configs=_configs(), key=["P", "S", "HEAD_DIM", "CAUSAL"])
+@triton.jit
+def _flash_attention_kernel(
+    q_ptr,  # [B, H, P, D] queries (fp16/bf16/fp32), any strides
+    k_ptr,  # [B, Hkv, S, D] keys, same dtype
+    v_ptr,  # [B, Hkv, S, D] values, same dtype
+    o_ptr,  # [B, H, P, D] output, dtype of q
+    qk_scale,  # sm_scale * log2(e): scores come out in base 2
+    H, P, S,  # query heads, queries, keys (S >= P; queries are the last P positions)
+    GROUP,  # H // Hkv: query heads per kv head
+    stride_qb, stride_qh, stride_qp, stride_qd,  # element strides of q
+    stride_kb, stride_kh, stride_ks, stride_kd,  # element strides of k
+    stride_vb, stride_vh, stride_vs, stride_vd,  # element strides of v
+    stride_ob, stride_oh, stride_op, stride_od,  # element strides of o
+    CAUSAL: tl.constexpr,  # mask keys after each query's absolute position
+    HEAD_DIM: tl.constexpr,  # D, a power of two in [16, 256]
+    INPUT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 dots
+    BLOCK_M: tl.constexpr,  # queries per program
+    BLOCK_N: tl.constexpr,  # keys per inner-loop step
+):
+    start_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)  # int64: b * stride_qb can pass 2**31 for long batched prompts
+    h = (pid_bh % H).to(tl.int64)
+    kv_h = h // GROUP  # GQA: consecutive query heads share one kv head
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows within P
+    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    q_pos = S - P + offs_m  # absolute positions of the queries (chunked prefill)
+
+    q_ptrs = (q_ptr + b * stride_qb + h * stride_qh
+              + offs_m[:, None] * stride_qp + offs_d[None, :] * stride_qd)  # [BLOCK_M, D]
+    q = tl.load(q_ptrs, mask=offs_m[:, None] < P, other=0.0)
+    # K is read as its transpose [D, BLOCK_N] straight from memory, so q @ kT needs no tl.trans.
+    kT_ptrs = (k_ptr + b * stride_kb + kv_h * stride_kh
+               + offs_n[None, :] * stride_ks + offs_d[:, None] * stride_kd)  # [D, BLOCK_N]
+    v_ptrs = (v_ptr + b * stride_vb + kv_h * stride_vh
+              + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd)  # [BLOCK_N, D]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base-2 scores)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2**(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running unnormalised output
+
+    # Causal: keys after the tile's last query position are masked for every row; skip them.
+    hi = tl.minimum(S, S - P + (start_m + 1) * BLOCK_M) if CAUSAL else S
+    for start_n in range(0, hi, BLOCK_N):
+        keys = start_n + offs_n  # [BLOCK_N] absolute key positions
+        kT = tl.load(kT_ptrs + start_n * stride_ks, mask=keys[None, :] < S, other=0.0)  # [D, BLOCK_N]
+        s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        visible = keys[None, :] < S
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        # Key 0 is visible to every row and lies in the first tile, so m_new is finite from then on
+        # and the -inf entries become exact zeros in p.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]; 0 on the first tile (m_i = -inf)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptrs + start_n * stride_vs, mask=keys[:, None] < S, other=0.0)  # [BLOCK_N, D]
+        # p is rounded to v's dtype so the second dot runs on tensor cores like the first.
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+
+    o = acc / l_i[:, None]
+    o_ptrs = (o_ptr + b * stride_ob + h * stride_oh
+              + offs_m[:, None] * stride_op + offs_d[None, :] * stride_od)  # [BLOCK_M, D]
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < P)
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"flash_attention: {name} must be a 4-D tensor; got {got}")
+        if t.dtype != q.dtype or t.dtype not in _DTYPES:
+            raise ValueError(f"flash_attention: {name} dtype {t.dtype} not supported; expected "
+                             f"q, k, v all one of bf16, fp16, fp32 (q is {q.dtype})")
+        if t.device != q.device:
+            raise ValueError(f"flash_attention: {name} on {t.device} but q on {q.device}")
+    (B, H, P, D), (Bk, Hkv, S, Dk) = q.shape, k.shape
+    if v.shape != k.shape:
+        raise ValueError(f"flash_attention: v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+    if Bk != B or Dk != D:
+        raise ValueError(f"flash_attention: k {tuple(k.shape)} does not match q {tuple(q.shape)}; "
+                         "expected q [B, H, P, D], k/v [B, Hkv, S, D] with the same B and D")
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(f"flash_attention: H={H} query heads not a multiple of Hkv={Hkv} kv heads")
+    if S < P:
+        raise ValueError(f"flash_attention: S={S} keys < P={P} queries; expected S >= P "
+                         "(queries are the last P positions)")
+    if D < 16 or D > 256 or D & (D - 1):
+        raise ValueError(f"flash_attention: head dim D={D} not supported; expected a power of "
+                         "two in [16, 256]")
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"flash_attention: tensors are on {q.device}; the Triton kernel needs "
+                         "CUDA tensors or TRITON_INTERPRET=1 set before triton is imported")
+
+
+def flash_attention(q, k, v, causal=True, sm_scale=None):
+    """Exact attention o [B, H, P, D] for q [B, H, P, D], k/v [B, Hkv, S, D]; see module docstring.
+
+    sm_scale defaults to 1/sqrt(D). Output has q's dtype; softmax statistics are kept in fp32.
+    """
+    _check_inputs(q, k, v)
+    B, H, P, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if B * H * P == 0:
+        return o
+
+    def grid(meta):  # axis 0: query tiles, axis 1: (batch, head) pairs
+        return (triton.cdiv(P, meta["BLOCK_M"]), B * H)
+
+    _flash_attention_kernel[grid](
+        q, k, v, o, sm_scale * math.log2(math.e), H, P, S, H // Hkv,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        CAUSAL=bool(causal), HEAD_DIM=D,
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+    return o
+
+
+def attention_reference(q, k, v, causal=True, sm_scale=None):
+    """Plain torch attention with an explicit fp32 softmax; materialises the [P, S] scores."""
+    B, H, P, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    k = k.float().repeat_interleave(H // Hkv, dim=1)  # [B, H, S, D]: head h -> kv head h // G
+    v = v.float().repeat_interleave(H // Hkv, dim=1)
+    scores = (q.float() @ k.transpose(-1, -2)) * sm_scale  # [B, H, P, S]
+    if causal:
+        q_pos = torch.arange(S - P, S, device=q.device)  # absolute query positions [P]
+        visible = torch.arange(S, device=q.device)[None, :] <= q_pos[:, None]  # [P, S]
+        scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return (probs @ v).to(q.dtype)

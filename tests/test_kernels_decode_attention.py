@@ -1,0 +1,148 @@
+"""kernels.decode_attention against its reference, on plain and quantised KV caches."""
+import os
+import shutil
+
+if shutil.which("nvidia-smi") is None:  # no GPU: run the kernels in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.decode_attention import (decode_attention, decode_attention_reference,  # noqa: E402
+                                      default_num_splits)
+from kernels.kv_quant import quantize_kv_reference  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+# Kernel and reference read the SAME quantised cache, so these bound arithmetic only: the kernel
+# rounds probabilities (times the int8 V scales) to q's dtype before p @ V; the reference is fp32.
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+    "int8": dict(atol=5e-3, rtol=5e-3),  # with fp16 q; fp32 q uses the fp32 row
+    "fp8": dict(atol=5e-3, rtol=5e-3),
+}
+
+
+def gpu_only(reason):
+    """Mark a test `gpu` and skip it without CUDA; `reason` says why the interpreter can't run it."""
+    def mark(fn):
+        return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason=f"needs CUDA: {reason}")(fn))
+    return mark
+
+
+def make_case(B, H, Hkv, S_max, D, q_dtype, cache, lengths, seed=0, fp8_scale=0.5):
+    """Random q and a cache quantised on the host (torch), so the kernel's fp8/int8 path is tested
+    without the interpreter's faulty in-kernel fp8 cast."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, D, generator=g).to(DEVICE, q_dtype)
+    k, v = (torch.randn(B, Hkv, S_max, D, generator=g).to(DEVICE) for _ in range(2))
+    scale = torch.tensor(fp8_scale, device=DEVICE) if cache == "fp8" else None
+    k_cache, k_scale = quantize_kv_reference(k, cache, scale)
+    v_cache, v_scale = quantize_kv_reference(v, cache, scale)
+    lengths = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    return q, k_cache, v_cache, lengths, k_scale, v_scale
+
+
+def check(case, what, num_splits=None):
+    out = decode_attention(*case, num_splits=num_splits)
+    ref = decode_attention_reference(*case)
+    q, k_cache = case[0], case[1]
+    key = {torch.int8: "int8", torch.float8_e4m3fn: "fp8"}.get(k_cache.dtype, q.dtype)
+    tol = TOL[torch.float32] if q.dtype == torch.float32 else TOL[key]
+    assert out.shape == q.shape and out.dtype == q.dtype, f"{what}: {out.shape} {out.dtype}"
+    err = (out.float() - ref.float()).abs()
+    torch.testing.assert_close(out.float(), ref.float(), **tol, msg=lambda _: (
+        f"{what}: max abs err {err.max().item():.3e}, mean abs err {err.mean().item():.3e}, "
+        f"tolerance {tol}"))
+
+
+@pytest.mark.parametrize("cache", ["fp16", "int8", "fp8"])
+@pytest.mark.parametrize("group", [1, 4, 8])  # H // Hkv
+def test_mixed_lengths_gqa(cache, group):
+    # One batch holds a length-1 sequence, a full one and one in between; S_max = 53 is odd.
+    case = make_case(3, 8, 8 // group, 53, 64, torch.float16, cache, [1, 53, 30], seed=group)
+    check(case, f"{cache} cache, group={group}, lengths [1, 53, 30]")
+
+
+@pytest.mark.parametrize("q_dtype,cache", [(torch.float32, "fp32"), (torch.float32, "int8"),
+                                           (torch.float16, "fp32")])
+def test_fp32_paths(q_dtype, cache):
+    # fp16 q with an fp32 cache takes the DOT_FP32 path (the cache can't be cast down exactly).
+    case = make_case(2, 8, 2, 40, 64, q_dtype, cache, [17, 40], seed=3)
+    check(case, f"q {q_dtype}, {cache} cache")
+
+
+def test_context_length_one_everywhere():
+    check(make_case(2, 4, 2, 1, 128, torch.float16, "fp16", [1, 1], seed=4), "S_max=1, D=128")
+
+
+@pytest.mark.parametrize("cache", ["fp16", "int8"])
+def test_long_context_uses_several_splits(cache):
+    # 700 tokens, 16-key tiles in the interpreter: each of 6 splits gets 128 keys (8 tiles).
+    case = make_case(1, 8, 2, 700, 64, torch.float16, cache, [700], seed=5)
+    check(case, f"700 tokens, 6 splits, {cache}", num_splits=6)
+    splits = default_num_splits(1, 2, 700, DEVICE)
+    assert splits > 1, f"the heuristic should split a 700-token context at batch 1; got {splits}"
+    check(case, f"700 tokens, default {splits} splits, {cache}")
+
+
+def test_more_splits_than_a_short_sequence_needs():
+    # Splits past the end of sequence 0 are empty; the combine step must give them weight 0.
+    case = make_case(2, 4, 4, 200, 64, torch.float16, "fp16", [5, 200], seed=6)
+    check(case, "lengths [5, 200] with 8 splits", num_splits=8)
+
+
+@gpu_only("the interpreter's bf16 arithmetic and tl.dot are wrong in triton 3.9 (issue #11584)")
+@pytest.mark.parametrize("cache", ["bf16", "int8", "fp8"])
+def test_bf16_query(cache):
+    case = make_case(3, 8, 2, 53, 64, torch.bfloat16, cache, [1, 53, 30], seed=7)
+    check(case, f"bf16 q, {cache} cache")
+
+
+@gpu_only("decode-sized caches take far too long in the interpreter; uses the SM-count heuristic")
+@pytest.mark.parametrize("cache", ["bf16", "fp16", "int8", "fp8"])
+def test_decode_sized(cache):
+    q_dtype = torch.float16 if cache == "fp16" else torch.bfloat16
+    case = make_case(4, 32, 8, 4096, 128, q_dtype, cache, [4096, 1, 2049, 300], seed=8)
+    check(case, f"decode-sized, {cache} cache")
+
+
+def bad(**overrides):
+    """A valid small fp16 case with some arguments replaced."""
+    q, k, v, lengths, ks, vs = make_case(2, 4, 2, 8, 64, torch.float16, "fp16", [3, 8])
+    args = dict(q=q, k_cache=k, v_cache=v, lengths=lengths, k_scale=ks, v_scale=vs)
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize("name,make,match", [
+    ("float64 cache", lambda a: dict(k_cache=a["k_cache"].double(), v_cache=a["v_cache"].double()),
+     "k_cache dtype torch.float64 not supported; expected one of bf16, fp16, fp32, float8_e4m3fn, int8"),
+    ("int64 lengths", lambda a: dict(lengths=a["lengths"].long()), "lengths must be an int32 tensor"),
+    ("zero length", lambda a: dict(lengths=a["lengths"] * 0), r"lengths must lie in \[1, S_max=8\]"),
+    ("length > S_max", lambda a: dict(lengths=a["lengths"] + 1), "got min 4, max 9"),
+    ("H % Hkv", lambda a: dict(q=a["q"][:, :3]), "expected .* H % Hkv == 0"),
+    ("2-D q", lambda a: dict(q=a["q"][0]), "q must be .B, H, D."),
+    ("v differs", lambda a: dict(v_cache=a["v_cache"][:, :, :4]), "v_cache .* differs from k_cache"),
+    ("scale on fp16", lambda a: dict(k_scale=torch.tensor(1.0, device=DEVICE)), "k_scale must be None"),
+])
+def test_bad_inputs_raise(name, make, match):
+    args = bad()
+    args.update(make(args))
+    with pytest.raises(ValueError, match=match):
+        decode_attention(**args)
+
+
+def test_bad_scales_and_splits_raise():
+    q, k, v, lengths, ks, vs = make_case(2, 4, 2, 8, 64, torch.float16, "int8", [3, 8])
+    with pytest.raises(ValueError, match=r"k_scale for a torch.int8 cache must be a float32 .*\(2, 2, 8\)"):
+        decode_attention(q, k, v, lengths, None, vs)
+    q, k, v, lengths, ks, vs = make_case(2, 4, 2, 8, 64, torch.float16, "fp8", [3, 8])
+    with pytest.raises(ValueError, match=r"v_scale for a torch.float8_e4m3fn cache .* 0-dim"):
+        decode_attention(q, k, v, lengths, ks, vs.reshape(1))
+    with pytest.raises(ValueError, match="num_splits must be an int in"):
+        decode_attention(q, k, v, lengths, ks, vs, num_splits=0)

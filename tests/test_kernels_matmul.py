@@ -1,0 +1,99 @@
+"""kernels.matmul against its torch reference (Triton interpreter on CPU, real kernel on CUDA)."""
+import os
+import shutil
+
+if shutil.which("nvidia-smi") is None:  # no GPU: run the kernels in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.matmul import matmul, matmul_reference  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+# Kernel and reference both accumulate in fp32 and round once to the output dtype, so the
+# difference is accumulation order plus at most an ulp or so of the output dtype.
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+}
+
+
+def gpu_only(reason):
+    """Mark a test `gpu` and skip it without CUDA; `reason` says why the interpreter can't run it."""
+    def mark(fn):
+        return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason=f"needs CUDA: {reason}")(fn))
+    return mark
+
+
+def randn(*shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device=DEVICE, dtype=dtype)
+
+
+def assert_close(out, ref, dtype, what):
+    err = (out.float() - ref.float()).abs()
+    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{what}: {out.shape} {out.dtype}"
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype], msg=lambda _: (
+        f"{what}: max abs err {err.max().item():.3e}, mean abs err {err.mean().item():.3e}, "
+        f"tolerance {TOL[dtype]}"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(67, 45, 33), (64, 96, 128), (1, 64, 33)])
+def test_matmul_matches_reference_with_transposed_weight(M, K, N, dtype):
+    a = randn(M, K, dtype=dtype, seed=0)
+    w = randn(N, K, dtype=dtype, seed=1)  # nn.Linear layout; b = w.T is a strided view
+    assert_close(matmul(a, w.T), matmul_reference(a, w.T), dtype, f"matmul {M}x{K}x{N} {dtype}")
+
+
+def test_matmul_contiguous_b_and_strided_a():
+    big = randn(67, 90, dtype=torch.float16, seed=2)
+    a = big[:, ::2]  # [67, 45] with column stride 2
+    b = randn(45, 33, dtype=torch.float16, seed=3)
+    assert_close(matmul(a, b), matmul_reference(a, b), torch.float16, "strided a")
+
+
+def test_matmul_k_zero_gives_zeros():
+    a = randn(5, 0, dtype=torch.float32, seed=4)
+    b = randn(0, 7, dtype=torch.float32, seed=5)
+    assert torch.equal(matmul(a, b), torch.zeros(5, 7, device=DEVICE))
+
+
+@gpu_only("the interpreter's bf16 arithmetic is wrong in triton 3.9 (triton issue #11584)")
+def test_matmul_bf16():
+    a = randn(67, 45, dtype=torch.bfloat16, seed=6)
+    w = randn(33, 45, dtype=torch.bfloat16, seed=7)
+    assert_close(matmul(a, w.T), matmul_reference(a, w.T), torch.bfloat16, "bf16")
+
+
+@gpu_only("prefill-sized shapes take minutes in the interpreter; exercises the autotuned tiles")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_matmul_prefill_sized(dtype):
+    a = randn(1000, 1024, dtype=dtype, seed=8)
+    w = randn(1536, 1024, dtype=dtype, seed=9)
+    assert_close(matmul(a, w.T), matmul_reference(a, w.T), dtype, f"prefill-sized {dtype}")
+
+
+@pytest.mark.parametrize("a_shape,b_shape,dtype,match", [
+    ((4,), (4, 3), torch.float16, "a must be a 2-D tensor"),
+    ((4, 5), (6, 3), torch.float16, r"inner dims differ.*K=5.*K=6"),
+    ((4, 5), (5, 3), torch.float64, "a dtype torch.float64 not supported"),
+])
+def test_matmul_bad_inputs(a_shape, b_shape, dtype, match):
+    a = torch.ones(a_shape, dtype=dtype, device=DEVICE)
+    b = torch.ones(b_shape, dtype=dtype, device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        matmul(a, b)
+
+
+def test_matmul_mixed_dtype_and_device_rejected():
+    a = torch.ones(4, 5, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="a dtype torch.float16 and b dtype torch.float32 differ"):
+        matmul(a, torch.ones(5, 3, dtype=torch.float32, device=DEVICE))
+    with pytest.raises(ValueError, match="expected the same device"):
+        matmul(a, torch.ones(5, 3, dtype=torch.float16, device="meta"))
