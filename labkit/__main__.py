@@ -1,0 +1,4 @@
+"""`python -m labkit ...`: see labkit/cli.py."""
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""The CPU/GPU choice, made once, with the reason for it; and what memory the device has free.
+
+    backend = choose_device()          # CUDA if torch sees a GPU, else the CPU path
+    backend = choose_device("cpu")     # or LABKIT_DEVICE=cpu: force a path (tests, comparisons)
+    check_fits(footprint_bytes, backend.device, "decode at batch 64")   # before allocating
+
+The CPU path computes in fp32, not bf16: on this lab's CPUs a bf16 matmul runs at about
+1 GFLOP/s against about 110 for fp32 (no bf16 matrix units, so PyTorch falls back to a slow
+kernel). The GPU path computes in bf16, the dtype the chapter's peaks are quoted for.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import FootprintError, LabError
+
+DEVICES = ("cpu", "cuda")
+ENV_VAR = "LABKIT_DEVICE"
+# Fraction of free memory kept back by `check_fits`: the allocator's caching and fragmentation,
+# the CUDA context and the notebook's own tensors all need room beyond the formula's footprint.
+HEADROOM = 0.10
+GIB = 2**30
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where the lab runs: `device` "cpu" | "cuda", why, and the dtype matmuls compute in."""
+
+    device: str
+    reason: str
+    compute_dtype: str  # "bf16" on CUDA (fp16 on GPUs without bf16), "fp32" on the CPU
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _TORCH_DTYPES[self.compute_dtype]
+
+
+def choose_device(override: str | None = None) -> Backend:
+    """CUDA when torch sees a GPU, else the CPU. `override` (or env LABKIT_DEVICE) forces
+    "cpu" or "cuda"; asking for CUDA on a machine without one raises LabError."""
+    requested, source = _requested(override)
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise LabError(f"{source} asks for CUDA, but torch {torch.__version__} sees no CUDA device "
+                       f"(built for CUDA {torch.version.cuda or 'none'}); use cpu or unset {ENV_VAR}")
+    if requested == "cpu":
+        return Backend("cpu", f"{source}: using the CPU path (PyTorch)", "fp32")
+    if not torch.cuda.is_available():
+        return Backend("cpu", "no CUDA device: using the CPU path (PyTorch)", "fp32")
+    name = torch.cuda.get_device_name(0)
+    why = source if requested else "CUDA available"
+    if _has_bf16_tensor_cores():
+        return Backend("cuda", f"{why}: {name}", "bf16")
+    # Pre-Ampere GPUs (T4, V100) have fp16 tensor cores but no bf16 ones.
+    return Backend("cuda", f"{why}: {name} (no bf16 tensor cores: computing in fp16)", "fp16")
+
+
+def _has_bf16_tensor_cores() -> bool:
+    try:  # without emulation: a T4 "supports" bf16 only by emulating it, slowly
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch before 2.4 has no such argument and does not count emulation
+        return torch.cuda.is_bf16_supported()
+
+
+def _requested(override: str | None) -> tuple[str | None, str]:
+    """The forced device (None: automatic) and who forced it, e.g. "LABKIT_DEVICE=cpu"."""
+    from_env = override is None
+    value = (os.environ.get(ENV_VAR, "") if from_env else str(override)).strip().lower()
+    source = f"{ENV_VAR}={value}" if from_env else f"device={value!r}"
+    if value in ("", "auto"):
+        return None, source
+    if value not in DEVICES:
+        raise LabError(f"unknown device {value!r} (from {source}); known: {', '.join(DEVICES)} or auto")
+    return value, source
+
+
+def _kind_and_index(device) -> tuple[str, int]:
+    """"cuda:1" -> ("cuda", 1); accepts a str, a torch.device or a Backend."""
+    device = torch.device(getattr(device, "device", device))
+    if device.type not in DEVICES:
+        raise LabError(f"unknown device {str(device)!r}; known: {', '.join(DEVICES)}")
+    return device.type, device.index or 0
+
+
+def device_name(device) -> str:
+    """The CPU model (from /proc/cpuinfo) or the GPU's name, for reports and provenance."""
+    kind, index = _kind_and_index(device)
+    if kind == "cuda":
+        return torch.cuda.get_device_name(index)
+    for line in _read_lines("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def free_memory_bytes(device) -> int:
+    """Memory free for new tensors: CUDA's free count, or MemAvailable on the CPU (capped by
+    the container's cgroup limit, since /proc/meminfo shows the whole host)."""
+    kind, index = _kind_and_index(device)
+    if kind == "cuda":
+        return int(torch.cuda.mem_get_info(index)[0])
+    available = _meminfo_bytes("MemAvailable")
+    limit, used = _cgroup_bytes("memory.max"), _cgroup_bytes("memory.current")
+    if limit is not None and used is not None:
+        available = min(available, max(limit - used, 0))
+    return available
+
+
+def total_memory_bytes(device) -> int:
+    """The device's whole memory: the GPU's capacity, or MemTotal (capped by the cgroup limit)."""
+    kind, index = _kind_and_index(device)
+    if kind == "cuda":
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    total, limit = _meminfo_bytes("MemTotal"), _cgroup_bytes("memory.max")
+    return min(total, limit) if limit is not None else total
+
+
+def check_fits(required_bytes: float, device, what: str) -> int:
+    """Raise FootprintError unless `required_bytes` fit in the device's free memory less
+    HEADROOM. Call it before allocating: an out-of-memory error mid-run can leave a notebook's
+    GPU unusable until restart. Returns the free bytes it compared against."""
+    kind, _ = _kind_and_index(device)
+    free = free_memory_bytes(device)
+    if required_bytes > free * (1 - HEADROOM):
+        raise FootprintError(
+            f"{what} needs {required_bytes / GIB:.1f} GiB but {kind} has {free / GIB:.1f} GiB free "
+            f"(keeping {HEADROOM:.0%} headroom); lower batch or context")
+    return free
+
+
+def _meminfo_bytes(field: str) -> int:
+    for line in _read_lines("/proc/meminfo"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # /proc/meminfo says "kB" and means KiB
+    # Not Linux: fall back to what the OS reports for physical pages.
+    pages = "SC_AVPHYS_PAGES" if field == "MemAvailable" else "SC_PHYS_PAGES"
+    return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_bytes(name: str) -> int | None:
+    """A cgroup v2 memory figure, or None where there is none (or it reads "max")."""
+    lines = _read_lines(f"/sys/fs/cgroup/{name}")
+    if not lines or not lines[0].strip().isdigit():
+        return None
+    return int(lines[0].strip())
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []

@@ -1,0 +1,368 @@
+"""`python -m labkit`: the roofline's predictions, the presets, calibration and real runs.
+
+    python -m labkit predict prefill --model llama-3.1-8b --gpu H100-SXM --prompt 2000 --json
+    python -m labkit predict decode --gpu H200 --context 8192 --batch 64 --cache-dtype fp8
+    python -m labkit gpus | models | calibrate [--refresh] | measure prefill|decode
+
+Every number comes from `labkit.roofline` (predict), `labkit.calibrate` or `labkit.sweeps`
+(measure); this module only parses, validates and prints. `--json` prints one JSON object on
+one line, SI units, units in the keys. Bad input prints one line on stderr and exits with 2.
+torch is imported only by the commands that need it, so `predict` answers without loading it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import roofline
+from .errors import LabError, SpecError
+from .specs import DTYPES, GPUS, MODELS, get_gpu, get_model
+
+MAX_BATCH = 4096
+COUNTINGS = {"chapter": roofline.CHAPTER, "kernel": roofline.KERNEL}
+THIS = "this"  # --gpu this: the calibrated roofline of this machine
+
+
+class _UsageError(Exception):
+    """argparse's complaint, turned into the same one-line error as everything else."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print the usage too; one line is the contract
+        raise _UsageError(message)
+
+
+# ---------------------------------------------------------------- predict
+def predict_prefill(args) -> dict:
+    """Prefill of `batch` prompts of `prompt` tokens: FLOPs, bytes, time, bound."""
+    model, counting = get_model(args.model), COUNTINGS[args.counting]
+    _in_range("--prompt", args.prompt, 1, model.max_context, model.name)
+    _in_range("--batch", args.batch, 1, MAX_BATCH)
+    hardware, dtypes = _hardware(args)
+    p, b = args.prompt, args.batch
+    flops = roofline.prefill_flops(model, p, b, counting)
+    bytes_moved = roofline.prefill_bytes(model, p, b, dtypes["weight"], dtypes["cache"])
+    time_s = _time_s(flops, bytes_moved, hardware, dtypes["compute"], args)
+    footprint = roofline.memory_footprint_bytes(model, b, p, dtypes["weight"], dtypes["cache"])
+    return {**_header(args, model, hardware, dtypes), "prompt_tokens": p, "batch": b,
+            "linear_flops": roofline.prefill_linear_flops(model, p, b, counting.params),
+            "attention_flops": roofline.prefill_attention_flops(model, p, b, counting.attention),
+            "flops": flops, "attention_share": roofline.attention_share(model, p, counting),
+            "crossover_tokens": roofline.crossover_tokens(model, counting),
+            "bytes_moved": bytes_moved, "kv_cache_bytes": roofline.kv_cache_bytes(model, p, b, dtypes["cache"]),
+            **_roof(flops, bytes_moved, hardware, dtypes["compute"]),
+            **time_s, "tokens_per_s": p * b / time_s["time_s"],
+            "memory_footprint_bytes": footprint, "memory_bytes": hardware.memory_bytes,
+            "fits_in_memory": footprint <= hardware.memory_bytes}
+
+
+def predict_decode(args) -> dict:
+    """One decode step of `batch` sequences with `context` cached tokens each."""
+    model, counting = get_model(args.model), COUNTINGS[args.counting]
+    _in_range("--context", args.context, 0, model.max_context, model.name)
+    _in_range("--batch", args.batch, 1, MAX_BATCH)
+    hardware, dtypes = _hardware(args)
+    b, s, weight, cache = args.batch, args.context, dtypes["weight"], dtypes["cache"]
+    flops = roofline.decode_flops_per_step(model, b, s, counting)
+    bytes_moved = roofline.decode_bytes_per_step(model, b, s, weight, cache, counting.params)
+    share = roofline.cache_share(model, b, s, weight, cache, counting.params)
+    step = _time_s(flops, bytes_moved, hardware, dtypes["compute"], args)
+    per_sequence = roofline.tokens_per_s_per_sequence(step["time_s"])
+    footprint = roofline.memory_footprint_bytes(model, b, s, weight, cache)
+    return {**_header(args, model, hardware, dtypes), "context_tokens": s, "batch": b,
+            "kv_bytes_per_token": roofline.kv_bytes_per_token(model, cache),
+            "weight_bytes": roofline.weight_bytes(model, weight, counting.params),
+            "kv_cache_bytes": roofline.kv_cache_bytes(model, s, b, cache), "bytes_per_step": bytes_moved,
+            "flops_per_step": flops, "cache_share": share, "regime": roofline.decode_regime(share),
+            **_roof(flops, bytes_moved, hardware, dtypes["compute"]),
+            "time_per_step_s": step["time_s"], "compute_time_s": step["compute_time_s"],
+            "memory_time_s": step["memory_time_s"], "tokens_per_s_per_sequence": per_sequence,
+            "tokens_per_s": per_sequence * b,
+            "compute_bound_batch": roofline.decode_compute_bound_batch(
+                model, hardware, s, weight, cache, dtypes["compute"], counting),
+            "memory_footprint_bytes": footprint, "memory_bytes": hardware.memory_bytes,
+            "fits_in_memory": footprint <= hardware.memory_bytes}
+
+
+def _hardware(args):
+    """The GPU preset, or this machine's calibrated roofline; and the dtypes to use on it.
+    Dtypes left unset are bf16 on a preset and the backend's compute dtype on `this`
+    (fp32 on the CPU, where bf16 matmuls crawl)."""
+    if args.gpu.lower() != THIS:
+        hardware, default = get_gpu(args.gpu), "bf16"
+    else:
+        from . import backend, calibrate  # imports torch
+        here = backend.choose_device()
+        hardware, _ = calibrate.load_or_calibrate(here.device, log=_stderr)
+        default = here.compute_dtype
+    dtypes = {"weight": args.weight_dtype or default, "cache": args.cache_dtype or default,
+              "compute": args.compute_dtype or default}
+    try:
+        hardware.peak_flops_per_s(dtypes["compute"])  # fail early if the chip has no such path
+    except SpecError as err:
+        raise SpecError(f"{err}; choose another --compute-dtype") from None
+    return hardware, dtypes
+
+
+def _header(args, model, hardware, dtypes) -> dict:
+    counting = COUNTINGS[args.counting]
+    return {"model": model.name, "gpu": hardware.name, "gpu_kind": hardware.kind,
+            "counting": args.counting, "attention_counting": counting.attention,
+            "params_counting": counting.params, "weight_dtype": dtypes["weight"],
+            "cache_dtype": dtypes["cache"], "compute_dtype": dtypes["compute"],
+            "mfu": args.mfu, "bandwidth_efficiency": args.bandwidth_efficiency}
+
+
+def _roof(flops, bytes_moved, hardware, dtype) -> dict:
+    return {"intensity_flops_per_byte": roofline.intensity_flops_per_byte(flops, bytes_moved),
+            "ridge_point_flops_per_byte": roofline.ridge_point_flops_per_byte(hardware, dtype),
+            "bound": roofline.bound_by(flops, bytes_moved, hardware, dtype)}
+
+
+def _time_s(flops, bytes_moved, hardware, dtype, args) -> dict:
+    _in_fraction("--mfu", args.mfu)
+    _in_fraction("--bandwidth-efficiency", args.bandwidth_efficiency)
+    return {"time_s": roofline.roofline_time_s(flops, bytes_moved, hardware, dtype, args.mfu,
+                                               args.bandwidth_efficiency),
+            "compute_time_s": roofline.compute_time_s(flops, hardware, dtype, args.mfu),
+            "memory_time_s": roofline.memory_time_s(bytes_moved, hardware, args.bandwidth_efficiency)}
+
+
+def _in_range(flag: str, value: int, low: int, high: int, model_name: str | None = None):
+    if not low <= value <= high:
+        limit = f" (the max context of {model_name})" if model_name else ""
+        raise SpecError(f"{flag} must be in {low:,}..{high:,}{limit}, got {value:,}")
+
+
+def _in_fraction(flag: str, value: float):
+    if not 0 < value <= 1:
+        raise SpecError(f"{flag} must be in (0, 1], got {value}")
+
+
+# ---------------------------------------------------------------- presets, calibrate, measure
+def list_gpus(args) -> dict:
+    rows = []
+    for spec in GPUS.values():
+        peaks = {f: getattr(spec, f) for f in ("bf16_flops_per_s", "fp16_flops_per_s", "fp8_flops_per_s",
+                                               "int8_ops_per_s", "fp32_flops_per_s")}
+        ridge = roofline.ridge_point_flops_per_byte(spec) if spec.bf16_flops_per_s else None
+        rows.append({"name": spec.name, **peaks, "memory_bandwidth_bytes_per_s": spec.memory_bandwidth_bytes_per_s,
+                     "memory_bytes": spec.memory_bytes, "ridge_point_bf16_flops_per_byte": ridge,
+                     "sources": dict(spec.sources)})
+    return {"gpus": rows}
+
+
+def list_models(args) -> dict:
+    rows = []
+    for spec in MODELS.values():
+        rows.append({"name": spec.name, "params": roofline.param_count(spec), "n_layers": spec.n_layers,
+                     "hidden_size": spec.hidden_size, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
+                     "head_dim": spec.head_dim, "intermediate_size": spec.intermediate_size,
+                     "vocab_size": spec.vocab_size, "max_context": spec.max_context,
+                     "weight_bf16_bytes": roofline.weight_bytes(spec, "bf16"),
+                     "kv_bf16_bytes_per_token": roofline.kv_bytes_per_token(spec, "bf16"),
+                     "crossover_tokens_chapter": roofline.crossover_tokens(spec), "source": spec.source})
+    return {"models": rows}
+
+
+def run_calibrate(args) -> dict:
+    from . import backend, calibrate  # imports torch
+    here = backend.choose_device(args.device)
+    spec, info = calibrate.load_or_calibrate(here.device, refresh=args.refresh, log=_stderr)
+    fields = ("bf16_flops_per_s", "fp16_flops_per_s", "fp8_flops_per_s", "int8_ops_per_s",
+              "fp32_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes")
+    return {"device": here.device, "name": spec.name, **{f: getattr(spec, f) for f in fields},
+            "copy_bytes_per_s": info["bandwidth"]["copy"]["bytes_per_s"],
+            "read_bytes_per_s": info["bandwidth"]["read"]["bytes_per_s"],
+            "ridge_point_flops_per_byte": roofline.ridge_point_flops_per_byte(spec, here.compute_dtype),
+            "compute_dtype": here.compute_dtype, "elapsed_s": info["elapsed_s"], "date": info["date"],
+            "cache_file": info["cache_file"], "cache_status": info["cache_status"], "provenance": info}
+
+
+def run_measure(args) -> dict:
+    """One real prefill or decode on this machine, through labkit.sweeps, with its prediction."""
+    from . import backend, explore  # backend imports torch
+    here = backend.choose_device(args.device)
+    settings = explore.lab_settings(here.device)
+    model = get_model(args.model or settings["model"])
+    batch = settings["batch"][3] if args.batch is None else args.batch
+    _in_range("--batch", batch, 1, MAX_BATCH)
+    try:
+        from . import sweeps
+    except ModuleNotFoundError as err:
+        if err.name != f"{__package__}.sweeps":
+            raise
+        raise LabError("measure needs labkit.sweeps, which this installation lacks") from None
+    if args.phase == "prefill":
+        prompt = settings["prompt"][3] if args.prompt is None else args.prompt
+        _in_range("--prompt", prompt, 1, model.max_context, model.name)
+        return sweeps.measure_prefill(model, prompt, batch, here.device)
+    context = settings["context"][3] if args.context is None else args.context
+    _in_range("--context", context, 0, model.max_context, model.name)
+    cache_dtype = args.cache_dtype or settings["cache_dtype"]
+    return sweeps.measure_decode(model, batch, context, cache_dtype, here.device)
+
+
+def _stderr(message: str):
+    print(message, file=sys.stderr)
+
+
+# ---------------------------------------------------------------- output
+def _display(key: str, value) -> str:
+    """A value in display units, chosen by the unit named in its key."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    words = key.split("_")
+    if key.endswith("_flops_per_byte"):
+        return f"{value:,.1f} FLOP/byte"
+    for rate, unit in (("_bytes_per_s", "B/s"), ("_flops_per_s", "FLOP/s"), ("_ops_per_s", "OP/s")):
+        if key.endswith(rate):
+            return _si(value, unit)
+    if key.endswith("_per_s") or "_per_s_" in key:  # tokens per second (per sequence)
+        return f"{value:,.1f}"
+    if "bytes" in words:
+        return _binary(value)
+    if "flops" in words:
+        return _si(value, "FLOP")
+    if key.endswith("_s"):
+        return _seconds(value)
+    if key.endswith(("share", "fraction")):
+        return f"{value:.1%}"
+    if isinstance(value, int) or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:,.2f} {prefix}{unit}"
+    return f"{value:,.2f} {unit}"
+
+
+def _binary(value: float) -> str:
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(value) >= scale:
+            return f"{value / scale:,.2f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _seconds(value: float) -> str:
+    if abs(value) >= 1:
+        return f"{value:,.2f} s"
+    return f"{value * 1e3:,.3f} ms" if abs(value) >= 1e-3 else f"{value * 1e6:,.2f} µs"
+
+
+def _label(key: str) -> str:
+    """"time_per_step_s" -> "time per step": the unit is shown with the value instead."""
+    for unit in ("_flops_per_byte", "_bytes", "_s"):
+        if key.endswith(unit) and not key.endswith("_per_s"):
+            key = key[: -len(unit)]
+            break
+    return key.replace("_", " ")
+
+
+def _print_pairs(result: dict):
+    scalars = {_label(k): (k, v) for k, v in result.items() if not isinstance(v, (dict, list))}
+    width = max(map(len, scalars), default=0)
+    for label, (key, value) in scalars.items():
+        print(f"{label:<{width}}  {_display(key, value)}")
+
+
+def _print_rows(rows: list[dict], columns: list[str]):
+    cells = [[_display(c, row[c]) if c != "name" else row[c] for c in columns] for row in rows]
+    header = [c.replace("_", " ") for c in columns]
+    widths = [max(len(x) for x in col) for col in zip(header, *cells)]
+    for line in (header, *cells):
+        print("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+
+
+def _print_human(command: str, result: dict):
+    if command == "gpus":
+        _print_rows(result["gpus"], ["name", "bf16_flops_per_s", "fp8_flops_per_s", "fp32_flops_per_s",
+                                     "memory_bandwidth_bytes_per_s", "memory_bytes", "ridge_point_bf16_flops_per_byte"])
+        sources = sorted({row["sources"]["bf16_flops_per_s"] for row in result["gpus"]})
+        print("sources:\n  " + "\n  ".join(sources))
+    elif command == "models":
+        _print_rows(result["models"], ["name", "params", "n_layers", "hidden_size", "n_heads", "n_kv_heads",
+                                       "max_context", "weight_bf16_bytes", "kv_bf16_bytes_per_token"])
+        print("sources:\n  " + "\n  ".join(f"{r['name']}: {r['source']}" for r in result["models"]))
+    else:
+        _print_pairs(result)
+
+
+# ---------------------------------------------------------------- the parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m labkit", description="Prefill vs decode: roofline predictions and measurements.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    predict = commands.add_parser("predict", help="the roofline's prediction for a prefill or a decode step")
+    phases = predict.add_subparsers(dest="phase", required=True, metavar="PHASE", parser_class=_Parser)
+    for name, handler, help_text in (("prefill", predict_prefill, "one prefill pass"),
+                                     ("decode", predict_decode, "one decode step")):
+        sub = phases.add_parser(name, help=help_text)
+        _add_predict_options(sub)
+        sub.set_defaults(handler=handler)
+    for name, handler, help_text in (("gpus", list_gpus, "GPU presets with key numbers and sources"),
+                                     ("models", list_models, "model presets with key numbers and sources")):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        sub.set_defaults(handler=handler)
+    calibrate = commands.add_parser("calibrate", help="measure this machine's roofline (cached)")
+    calibrate.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    calibrate.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA if present (or LABKIT_DEVICE)")
+    calibrate.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    calibrate.set_defaults(handler=run_calibrate)
+    measure = commands.add_parser("measure", help="a real prefill or decode on this machine")
+    measure.add_argument("phase", choices=("prefill", "decode"))
+    _add_measure_options(measure)
+    measure.set_defaults(handler=run_measure)
+    return parser
+
+
+def _add_predict_options(sub):
+    sub.add_argument("--model", default="llama-3.1-8b", help="preset name or path to a config.json")
+    sub.add_argument("--gpu", default="H100-SXM", help=f"preset name, or '{THIS}' for this machine's calibrated roofline")
+    sub.add_argument("--prompt", type=int, default=2000, help="prompt tokens P (prefill)")
+    sub.add_argument("--context", type=int, default=2000, help="cached tokens S per sequence (decode)")
+    sub.add_argument("--batch", type=int, default=1, help=f"sequences B, 1..{MAX_BATCH}")
+    sub.add_argument("--weight-dtype", choices=DTYPES, help="default bf16 (this machine: its compute dtype)")
+    sub.add_argument("--cache-dtype", choices=roofline.CACHE_DTYPES, help="default as --weight-dtype")
+    sub.add_argument("--compute-dtype", choices=DTYPES, help="whose peak applies; default as --weight-dtype")
+    sub.add_argument("--counting", choices=tuple(COUNTINGS), default="chapter",
+                     help="chapter: full P x P attention, all parameters; kernel: causal, matmul parameters")
+    sub.add_argument("--mfu", type=float, default=roofline.CHAPTER_MFU, help="fraction of peak FLOP/s, (0, 1]")
+    sub.add_argument("--bandwidth-efficiency", type=float, default=roofline.CHAPTER_BANDWIDTH_EFFICIENCY,
+                     help="fraction of memory bandwidth, (0, 1]")
+    sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def _add_measure_options(sub):
+    sub.add_argument("--model", help="default: lab-cpu on the CPU, llama-3.1-8b on CUDA")
+    sub.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA if present (or LABKIT_DEVICE)")
+    sub.add_argument("--prompt", type=int, help="prompt tokens P (prefill); default: the lab's slider default")
+    sub.add_argument("--context", type=int, help="cached tokens S per sequence (decode)")
+    sub.add_argument("--batch", type=int, help=f"sequences B, 1..{MAX_BATCH}")
+    sub.add_argument("--cache-dtype", choices=roofline.CACHE_DTYPES, help="default: fp32 on the CPU, bf16 on CUDA")
+    sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; 0 on success, 2 on bad input (one line on stderr, no traceback)."""
+    try:
+        args = build_parser().parse_args(argv)
+        result = args.handler(args)
+    except (_UsageError, LabError, ValueError) as err:
+        print(f"labkit: error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as stop:  # --help
+        return stop.code if isinstance(stop.code, int) else 0
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        _print_human(args.command, result)
+    return 0

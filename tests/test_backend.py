@@ -1,0 +1,149 @@
+"""labkit.backend: the device choice and its reason, overrides, free memory, refusing oversized runs."""
+import dataclasses
+
+import pytest
+import torch
+
+from labkit import backend
+from labkit.errors import FootprintError, LabError
+
+GIB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("LABKIT_DEVICE", raising=False)
+    monkeypatch.setenv("LABKIT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch reports an H200, so the CUDA branch can be tested on a CPU machine."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_without_cuda_the_cpu_path_computes_in_fp32(no_gpu):
+    chosen = backend.choose_device()
+    assert chosen == backend.Backend("cpu", "no CUDA device: using the CPU path (PyTorch)", "fp32")
+    assert chosen.torch_dtype is torch.float32
+
+
+def test_with_cuda_the_gpu_path_computes_in_bf16(fake_gpu):
+    chosen = backend.choose_device()
+    assert chosen == backend.Backend("cuda", "CUDA available: NVIDIA H200", "bf16")
+    assert chosen.torch_dtype is torch.bfloat16
+
+
+def test_a_gpu_without_bf16_computes_in_fp16(fake_gpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    chosen = backend.choose_device()
+    assert chosen.compute_dtype == "fp16" and "fp16" in chosen.reason
+
+
+def test_the_argument_forces_the_cpu_even_with_a_gpu(fake_gpu):
+    chosen = backend.choose_device("cpu")
+    assert chosen.device == "cpu" and chosen.compute_dtype == "fp32"
+    assert chosen.reason == "device='cpu': using the CPU path (PyTorch)"
+
+
+def test_the_environment_forces_a_device(fake_gpu, monkeypatch):
+    monkeypatch.setenv("LABKIT_DEVICE", "CPU ")
+    assert backend.choose_device().reason == "LABKIT_DEVICE=cpu: using the CPU path (PyTorch)"
+    monkeypatch.setenv("LABKIT_DEVICE", "cuda")
+    assert backend.choose_device() == backend.Backend("cuda", "LABKIT_DEVICE=cuda: NVIDIA H200", "bf16")
+
+
+def test_the_argument_wins_over_the_environment(fake_gpu, monkeypatch):
+    monkeypatch.setenv("LABKIT_DEVICE", "cuda")
+    assert backend.choose_device("cpu").device == "cpu"
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_asking_for_cuda_without_one_is_a_clear_error(no_gpu, monkeypatch, how):
+    if how == "environment":
+        monkeypatch.setenv("LABKIT_DEVICE", "cuda")
+    with pytest.raises(LabError, match=r"asks for CUDA, but torch .* sees no CUDA device.*unset LABKIT_DEVICE"):
+        backend.choose_device("cuda" if how == "argument" else None)
+
+
+def test_an_unknown_device_is_refused():
+    with pytest.raises(LabError, match=r"unknown device 'tpu'.*known: cpu, cuda"):
+        backend.choose_device("tpu")
+
+
+def test_auto_means_no_override(no_gpu, monkeypatch):
+    monkeypatch.setenv("LABKIT_DEVICE", "auto")
+    assert backend.choose_device().reason.startswith("no CUDA device")
+
+
+def test_the_choice_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        backend.choose_device("cpu").device = "cuda"
+
+
+def test_cpu_name_comes_from_cpuinfo(monkeypatch):
+    monkeypatch.setattr(backend, "_read_lines", lambda path: ["processor : 0", "model name\t: AMD EPYC 9654"]
+                        if path == "/proc/cpuinfo" else [])
+    assert backend.device_name("cpu") == "AMD EPYC 9654"
+
+
+def test_free_and_total_memory_come_from_meminfo(monkeypatch):
+    meminfo = ["MemTotal:       16384 kB", "MemFree:  1 kB", "MemAvailable:    8192 kB"]
+    monkeypatch.setattr(backend, "_read_lines", lambda path: meminfo if path == "/proc/meminfo" else [])
+    assert backend.free_memory_bytes("cpu") == 8192 * 1024
+    assert backend.total_memory_bytes("cpu") == 16384 * 1024
+
+
+def test_a_container_limit_caps_free_and_total_memory(monkeypatch):
+    files = {"/proc/meminfo": ["MemTotal: 16384 kB", "MemAvailable: 8192 kB"],
+             "/sys/fs/cgroup/memory.max": ["4194304"], "/sys/fs/cgroup/memory.current": ["1048576"]}
+    monkeypatch.setattr(backend, "_read_lines", lambda path: files.get(path, []))
+    assert backend.free_memory_bytes("cpu") == 4194304 - 1048576
+    assert backend.total_memory_bytes("cpu") == 4194304
+
+
+def test_this_machine_reports_plausible_memory():
+    free, total = backend.free_memory_bytes("cpu"), backend.total_memory_bytes("cpu")
+    assert 0 < free <= total
+    assert isinstance(backend.device_name("cpu"), str) and backend.device_name("cpu")
+
+
+def test_check_fits_refuses_before_allocating_with_the_numbers(monkeypatch):
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: int(8.1 * GIB))
+    with pytest.raises(FootprintError) as caught:
+        backend.check_fits(12.3 * GIB, "cpu", "decode at batch 64")
+    message = str(caught.value)
+    assert message.startswith("decode at batch 64 needs 12.3 GiB but cpu has 8.1 GiB free")
+    assert message.endswith("lower batch or context")
+    assert "\n" not in message
+
+
+def test_check_fits_keeps_ten_percent_headroom(monkeypatch):
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 10 * GIB)
+    assert backend.check_fits(8.9 * GIB, "cpu", "x") == 10 * GIB
+    with pytest.raises(FootprintError):
+        backend.check_fits(9.1 * GIB, "cpu", "x")
+
+
+def test_devices_can_be_given_as_torch_devices_or_backends():
+    assert backend.free_memory_bytes(torch.device("cpu")) > 0
+    assert backend.device_name(backend.choose_device("cpu")) == backend.device_name("cpu")
+    with pytest.raises(LabError, match="unknown device"):
+        backend.free_memory_bytes("meta")
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_the_choice_and_memory_are_consistent():
+    chosen = backend.choose_device()
+    assert chosen.device == "cuda" and chosen.reason.startswith("CUDA available: ")
+    assert chosen.reason.endswith(torch.cuda.get_device_name(0)) or chosen.compute_dtype == "fp16"
+    assert 0 < backend.free_memory_bytes("cuda") <= backend.total_memory_bytes("cuda")
+    with pytest.raises(FootprintError):
+        backend.check_fits(10 * backend.total_memory_bytes("cuda"), "cuda", "too much")

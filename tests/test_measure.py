@@ -1,0 +1,140 @@
+"""labkit.measure: timing statistics, the budgeted harness, achieved rates against the roof."""
+import time
+
+import pytest
+import torch
+
+from labkit import measure, roofline
+from labkit.errors import LabError
+from labkit.measure import Timing
+from labkit.specs import get_gpu
+
+H100 = get_gpu("H100-SXM")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_timing_statistics_from_few_samples_use_the_full_range():
+    timing = Timing((0.010, 0.012, 0.011, 0.013, 0.009))
+    assert (timing.median_s, timing.min_s, timing.max_s) == (0.011, 0.009, 0.013)
+    assert timing.spread == pytest.approx((0.013 - 0.009) / 0.011)
+    assert timing.noisy  # 36 % > NOISY_SPREAD
+
+
+def test_timing_statistics_from_many_samples_ignore_one_outlier():
+    samples = (0.010,) * 19 + (1.0,)  # one call hit by another process
+    timing = Timing(samples)
+    assert timing.spread == pytest.approx(0.0)  # the 10th-90th percentile range
+    assert not timing.noisy
+    assert Timing(samples[:9] + (1.0,)).noisy  # with 10 samples p90 reaches the outlier
+
+
+def test_a_quiet_timing_is_not_noisy():
+    timing = Timing((0.100, 0.101, 0.099))
+    assert timing.spread == pytest.approx(0.02)
+    assert not timing.noisy
+    assert measure.NOISY_SPREAD == 0.25
+
+
+def test_timing_refuses_empty_or_nonpositive_samples():
+    with pytest.raises(LabError):
+        Timing(())
+    with pytest.raises(LabError):
+        Timing((0.01, 0.0))
+
+
+def test_timing_to_dict_carries_units():
+    summary = Timing((1.0, 3.0, 2.0)).to_dict()
+    assert summary == {"median_s": 2.0, "min_s": 1.0, "max_s": 3.0, "spread": 1.0, "noisy": True,
+                       "samples_s": [1.0, 3.0, 2.0]}
+
+
+class Counter:
+    """A callable that sleeps and counts its calls."""
+
+    def __init__(self, sleep_s=0.0):
+        self.calls, self.sleep_s = 0, sleep_s
+
+    def __call__(self):
+        self.calls += 1
+        time.sleep(self.sleep_s)
+
+
+def test_time_fn_warms_up_then_times_each_repeat():
+    fn = Counter(0.002)
+    timing = measure.time_fn(fn, "cpu", warmup=2, repeats=5)
+    assert fn.calls == 7 and len(timing.samples_s) == 5
+    assert all(0.002 <= s < 0.2 for s in timing.samples_s)
+
+
+def test_a_spent_budget_stops_early_but_keeps_three_samples():
+    fn = Counter(0.01)
+    timing = measure.time_fn(fn, "cpu", warmup=1, repeats=50, budget_s=0.001)
+    assert len(timing.samples_s) == measure.MIN_SAMPLES == 3
+    assert fn.calls == 4
+
+
+def test_fewer_repeats_than_the_minimum_are_honoured():
+    assert len(measure.time_fn(Counter(), "cpu", warmup=0, repeats=2, budget_s=0).samples_s) == 2
+
+
+def test_time_fn_refuses_no_repeats():
+    with pytest.raises(LabError):
+        measure.time_fn(Counter(), "cpu", repeats=0)
+
+
+def test_time_fn_times_real_work_on_the_cpu():
+    a = torch.randn(256, 256)
+    timing = measure.time_fn(lambda: a @ a, "cpu", warmup=1, repeats=3)
+    assert 0 < timing.min_s <= timing.median_s <= timing.max_s < 5
+
+
+def test_achieved_rates_are_work_over_median_time():
+    rates = measure.achieved(2e12, 4e9, Timing((1.0, 2.0, 3.0)))
+    assert rates == {"time_s": 2.0, "achieved_flops_per_s": 1e12, "achieved_bytes_per_s": 2e9}
+    assert measure.achieved(1.0, 1.0, 0.5)["achieved_flops_per_s"] == 2.0  # plain seconds too
+
+
+def test_roof_fraction_of_a_memory_bound_op_is_bandwidth_fraction():
+    bytes_moved = 3.35e12  # one second at the H100's 3.35 TB/s
+    fraction = measure.roof_fraction(1e9, bytes_moved, Timing((2.0,)), H100)
+    assert fraction == pytest.approx(0.5)
+    assert fraction == pytest.approx(roofline.roofline_time_s(1e9, bytes_moved, H100) / 2.0)
+
+
+def test_roof_fraction_of_a_compute_bound_op_is_peak_fraction_for_its_dtype():
+    flops = 989.4e12  # one second at dense bf16 peak
+    assert measure.roof_fraction(flops, 1e6, Timing((4.0,)), H100) == pytest.approx(0.25)
+    assert measure.roof_fraction(66.9e12, 1e6, 4.0, H100, dtype="fp32") == pytest.approx(0.25)
+
+
+def test_bound_line_puts_prediction_beside_measurement():
+    bytes_moved = 0.0121 * 3.35e12
+    line = measure.format_bound_line(1e9, bytes_moved, Timing((0.0130, 0.0131, 0.0129)), H100)
+    assert line == "predicted 12.1 ms (memory-bound at 3.35 TB/s), measured 13.0 ms = 0.93 of roof"
+
+
+def test_bound_line_names_the_compute_roof_and_flags_noise():
+    line = measure.format_bound_line(989.4e12, 1e6, Timing((1.0, 2.0, 3.0)), H100)
+    assert line.startswith("predicted 1.00 s (compute-bound at 989 TFLOP/s bf16), measured 2.00 s = 0.50 of roof")
+    assert "noisy: spread 100% over 3 samples" in line
+
+
+def test_display_formats():
+    assert measure.format_seconds(45.1e-6) == "45.1 µs"
+    assert measure.format_seconds(2.5) == "2.50 s"
+    assert measure.format_rate(9.4e9, "B/s") == "9.40 GB/s"
+
+
+@pytest.mark.gpu
+def test_time_fn_uses_cuda_events_on_a_gpu():
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    timing = measure.time_fn(lambda: a @ a, "cuda", warmup=2, repeats=5)
+    flops = 2 * 4096**3
+    assert len(timing.samples_s) == 5
+    # Events time the GPU's work: a 137 GFLOP matmul takes well under a second on any CUDA GPU
+    # the lab supports, and cannot beat 2 PFLOP/s.
+    assert flops / 2e15 < timing.median_s < 1.0
