@@ -1,0 +1,115 @@
+# Prefill vs decode lab. `make help` lists the targets; `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV      := .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.stamp
+PORT      ?= 8888
+NB        ?= notebooks/01_two_phases.ipynb
+OUT       ?= build/gpu-check
+PARAMS    ?=
+REPORT    := build/report
+CHROMIUM  := /usr/bin/chromium
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+
+# A token for lab/app: the caller's JUPYTER_TOKEN, else a fresh random one (never empty).
+TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))')}"
+
+.PHONY: help venv browser lab test gpu-check report app strip clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-10s %s\n", $$1, $$2}'
+
+venv: $(STAMP) ## (internal) Create .venv and install the pins; reruns only when requirements*.txt or pyproject.toml change
+
+# Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0, triton 3.9.0).
+# With a GPU: a CUDA torch wants the triton it was built with (torch 2.14.1 asks triton~=3.8), so the
+# venv sees the image's packages and torch is left unpinned: pip keeps the installed one, or installs
+# torch with the triton it requires.
+$(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
+	@set -e; \
+	if nvidia-smi >/dev/null 2>&1; then \
+	  echo "venv: NVIDIA GPU found; keeping the installed torch/triton"; \
+	  [ -x $(PY) ] || python3 -m venv --system-site-packages $(VENV); \
+	  mkdir -p build; \
+	  sed 's/^torch==.*/torch/' requirements.txt > build/requirements-gpu.txt; \
+	  $(PY) -m pip install -q --progress-bar off -r build/requirements-gpu.txt; \
+	else \
+	  echo "venv: no NVIDIA GPU; installing the CPU pins"; \
+	  [ -x $(PY) ] || python3 -m venv $(VENV); \
+	  $(PY) -m pip install -q --progress-bar off -r requirements.txt -r requirements-cpu.txt; \
+	fi; \
+	$(PY) -m pip install -q --progress-bar off -e . --no-deps; \
+	touch $@
+
+# No `playwright install`: its browser download is not reachable here; tests launch
+# executable_path=/usr/bin/chromium and skip, with a reason, when it is missing.
+browser: ## (internal) Install Debian's chromium for the browser tests if missing (an error only when CI=true)
+	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser: installing Debian chromium"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	fi; \
+	if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if [ "$${CI:-}" = true ]; then echo "browser: could not install $(CHROMIUM) (CI=true)" >&2; exit 1; fi; \
+	echo "browser: no $(CHROMIUM); browser tests will be skipped (as root: apt-get install chromium)"
+
+# Loopback only, always with a token (passed in the environment, so it stays out of `ps`).
+# port_retries=0: fail on a busy port rather than serve on another one than the URL printed.
+# --allow-root only where we are root already (containers, the lab's CI machines).
+lab: venv ## Start JupyterLab on 127.0.0.1:PORT (default 8888) with a token, opening notebooks/01_two_phases.ipynb
+	@$(TOKEN_SH); \
+	open=notebooks/01_two_phases.ipynb; \
+	[ -f $$open ] || { echo "lab: $$open not written yet; opening the file browser"; open=; }; \
+	flags="--ip=127.0.0.1 --port=$(PORT) --ServerApp.port_retries=0"; \
+	[ -n "$${DISPLAY:-}" ] || flags="$$flags --no-browser"; \
+	[ "$$(id -u)" != 0 ] || flags="$$flags --allow-root"; \
+	echo "JupyterLab: http://127.0.0.1:$(PORT)/lab/tree/$$open?token=$$token"; \
+	JUPYTER_TOKEN="$$token" exec $(VENV)/bin/jupyter lab $$flags $$open
+
+# --keep-id (here and in strip): keep the authors' cell ids; renumbering them makes every insert a diff.
+test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in quick mode, dry-run gpu-check
+	@if [ -n "$(NOTEBOOKS)" ]; then \
+	  echo "nbstripout --keep-id --verify notebooks/*.ipynb"; \
+	  $(VENV)/bin/nbstripout --keep-id --verify $(NOTEBOOKS) || { echo "test: notebooks are not stripped (outputs or metadata); run 'make strip'" >&2; exit 1; }; \
+	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
+	$(PY) -m pytest tests
+	@if [ -n "$(NOTEBOOKS)" ]; then \
+	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks"; \
+	  LABKIT_QUICK=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
+	else echo "test: no notebooks yet; skipping pytest --nbval-lax"; fi
+	$(MAKE) gpu-check OUT=build/gpu-check-dry DRY=1
+
+# A GPU image may have torch/triton/numpy but no venv and no Jupyter: then the system python3
+# runs it (`-m` from the repo root finds labkit without installing it).
+gpu-check: ## Check this machine's GPU against the lab into OUT (default build/gpu-check; DRY=1: dry run, no GPU needed)
+	@py=python3; if [ -x $(PY) ] && $(PY) -c '' 2>/dev/null; then py=$(PY); fi; \
+	echo "$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)"; \
+	$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)
+
+# Kernels start in notebooks/ (--cwd), as they do under JupyterLab and nbval. PLOTLY_RENDERER adds an
+# HTML copy (plotly.js embedded once) to each figure: nbconvert cannot draw the plotly JSON alone.
+report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") into build/report/, then to HTML
+	@set -e; \
+	if [ -z "$(NOTEBOOKS)" ]; then echo "report: no notebooks in notebooks/"; exit 0; fi; \
+	mkdir -p $(REPORT); \
+	outs=; \
+	for nb in $(NOTEBOOKS); do \
+	  out=$(REPORT)/$$(basename $$nb); outs="$$outs $$out"; \
+	  PLOTLY_RENDERER=plotly_mimetype+notebook $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS); \
+	done; \
+	$(VENV)/bin/jupyter nbconvert --to html --output-dir $(REPORT) $$outs
+
+# --token makes Voilà ask for one; it takes the value from JUPYTER_TOKEN (kept out of `ps`).
+app: venv ## Serve NB (default notebooks/01_two_phases.ipynb) as a Voilà app on 127.0.0.1:PORT with a token
+	@$(TOKEN_SH); \
+	echo "Voila: http://127.0.0.1:$(PORT)/?token=$$token"; \
+	JUPYTER_TOKEN="$$token" exec $(VENV)/bin/voila $(NB) --no-browser --Voila.ip=127.0.0.1 \
+	  --port=$(PORT) --Voila.port_retries=0 --token
+
+strip: venv ## Remove outputs from notebooks/*.ipynb before committing (make test checks)
+	@if [ -n "$(NOTEBOOKS)" ]; then $(VENV)/bin/nbstripout --keep-id $(NOTEBOOKS); else echo "strip: no notebooks"; fi
+
+clean: ## Remove build/ and .venv
+	rm -rf build $(VENV) *.egg-info

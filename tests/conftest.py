@@ -1,0 +1,44 @@
+"""Test-session setup. The environment is set first: triton reads TRITON_INTERPRET when it is
+imported, and test modules import torch/triton only after this file has run."""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+if shutil.which("nvidia-smi") is None:
+    # No NVIDIA driver: run the Triton kernels in Triton's interpreter on CPU (slow).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A fresh cache per session under build/, so tests never read or write the user's labkit cache;
+# removed when the session ends (only if this file made it).
+_OWN_CACHE = None
+if "LABKIT_CACHE_DIR" not in os.environ:
+    _CACHE_PARENT = Path(__file__).resolve().parent.parent / "build" / "test-cache"
+    _CACHE_PARENT.mkdir(parents=True, exist_ok=True)
+    _OWN_CACHE = tempfile.mkdtemp(prefix="session-", dir=_CACHE_PARENT)
+    os.environ["LABKIT_CACHE_DIR"] = _OWN_CACHE
+
+import pytest  # noqa: E402
+
+
+def _cuda_available():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu`-marked tests on a machine without CUDA, with the reason in the -ra summary."""
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
