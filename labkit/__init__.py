@@ -1,3 +1,9 @@
 """labkit: the prefill/decode lab's library — specs, roofline formulas, calibration,
 measurement, a Llama-shaped model, sweeps and views. The core imports without Jupyter
 packages (a GPU image has only torch, triton and numpy); `labkit.views` needs plotly/ipywidgets."""
+import os
+
+# CPU timing: torch's OpenMP threads spin after each op by default, and fight numpy's BLAS threads
+# (the CPU path's decode matmuls) for the same cores: decode steps ran 1.5x slower here. It must be
+# set before torch loads OpenMP, so it is set on import of labkit, which the lessons import first.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

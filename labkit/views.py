@@ -61,7 +61,8 @@ class ErrorLine:
             self.last_error = None
 
 
-def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, title: str) -> go.FigureWidget:
+def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, title: str,
+                                 log_y: bool = False) -> go.FigureWidget:
     """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1)."""
     fig = go.FigureWidget(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
                                         vertical_spacing=0.06))
@@ -71,7 +72,7 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
     fig.add_scatter(x=[], y=[], mode="markers", marker=dict(size=10, symbol="x", **NOISY),
                     name="measured, noisy (spread too wide)", row=1, col=1)
     fig.add_bar(x=[], y=[], marker=MEASURED, name="residual", showlegend=False, row=2, col=1)
-    fig.update_yaxes(title="time (s)", type="log", row=1, col=1)
+    fig.update_yaxes(title="time (s)", type="log" if log_y else "linear", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title="measured/predicted − 1", tickformat="+.0%", row=2, col=1)
     fig.update_xaxes(title=x_title, row=2, col=1)
     fig.update_layout(title=title, height=520, legend=dict(orientation="h", y=-0.25), bargap=0.6)
@@ -99,10 +100,11 @@ class SliderLab:
     names the record field on the x axis. Records accumulate, so moving the slider builds the curve.
     """
 
-    def __init__(self, sliders: dict, measure, predicted: dict, x_key: str, x_title: str, title: str):
+    def __init__(self, sliders: dict, measure, predicted: dict, x_key: str, x_title: str, title: str,
+                 log_y: bool = False):
         self.sliders, self.measure, self.x_key = sliders, measure, x_key
         self.records: list[dict] = []
-        self.figure = measured_vs_predicted_figure(x_title, predicted, x_key, title)
+        self.figure = measured_vs_predicted_figure(x_title, predicted, x_key, title, log_y)
         self.error = ErrorLine()
         for slider in sliders.values():
             slider.continuous_update = False

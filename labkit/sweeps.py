@@ -1,0 +1,195 @@
+"""Measure prefill and decode on the real model and put each point beside the roofline.
+
+    measure_prefill("lab-cpu", prompt_tokens=2048)          # one point, a flat dict
+    decode_sweep("lab-cpu", batches=[1, 8], contexts=[256, 4096], cache_dtypes=["fp32", "int8"])
+
+Every point says what ran (phase, device, model, shapes, dtypes), how long it took (median,
+min, max, spread, noisy), what the roofline predicts on THIS machine's calibrated ceilings
+(`calibrate.load_or_calibrate`, mfu = efficiency = 1), and how close it came (roof_fraction;
+residual = measured / predicted - 1). FLOPs use KERNEL counting (causal attention, matmul
+weights, the head once per sequence in prefill): what the kernels really execute. Bytes count
+the matmul weights in the compute dtype (the embedding is a lookup of B rows, not a read of
+the table) plus the cache written (prefill) or read (decode).
+
+Decode points do not run a long prefill first: the cache is filled with random values of the
+cache dtype (`KVCache.fill_random`), which a decode step reads exactly like real ones. Every
+timed step appends a token and the lengths are then reset, so each sample reads the same
+cache. Built models (random weights) are kept in a small LRU, so moving a slider re-times a
+point without rebuilding the model.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import torch
+
+from . import backend, calibrate, measure, roofline
+from .model import Llama
+from .roofline import KERNEL, Counting
+from .specs import ModelSpec, get_model
+
+DEFAULT_MODEL = "lab-cpu"
+# CPU: each point may take about this long in all, warm-up included (a slider must respond).
+CPU_BUDGET_S = 2.0
+CPU_REPEATS = 5
+CUDA_WARMUP, CUDA_REPEATS, CUDA_BUDGET_S = 2, 10, 2.0
+_MODELS: OrderedDict = OrderedDict()
+MAX_MODELS = 2  # each holds its weights and its last KV cache
+
+
+# ------------------------------------------------------------------ models and caches
+def get_built_model(model: ModelSpec | str = DEFAULT_MODEL, device: str | None = None) -> Llama:
+    """The model for (spec, device), built once with seeded random weights and kept in an LRU."""
+    spec = get_model(model) if isinstance(model, str) else model
+    chosen = backend.choose_device(device)
+    key = (spec, chosen.device, chosen.compute_dtype)
+    if key in _MODELS:
+        _MODELS.move_to_end(key)
+        return _MODELS[key]
+    while len(_MODELS) >= MAX_MODELS:  # free the oldest before allocating the new one
+        _MODELS.popitem(last=False)
+        if chosen.device == "cuda":
+            torch.cuda.empty_cache()  # so the footprint check sees the freed memory as free
+    built = Llama(spec, batch=1, max_tokens=16, device=chosen.device, compute_dtype=chosen.compute_dtype)
+    _MODELS[key] = built
+    return built
+
+
+def _ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):
+    """Reuse the model's cache if it has this batch and dtype and room for `tokens`, else replace
+    it (the footprint check counts activations for `prefill_tokens` per sequence)."""
+    cache = model.cache
+    if cache is None or cache.batch != batch or cache.cache_dtype != cache_dtype or cache.max_tokens < tokens:
+        cache = model.setup_cache(batch, tokens, cache_dtype, prefill_tokens)
+    return cache
+
+
+# ------------------------------------------------------------------ timing
+def _time(fn, device: str, repeats: int | None):
+    """CUDA: measure.time_fn with warm-up (autotuning, clocks) and a 2 s budget.
+
+    CPU: nothing to compile or autotune, so the first call is timed too. If it took at least
+    half of CPU_BUDGET_S it is the measurement (one sample); otherwise as many further calls as
+    fit in the rest of the budget (at most `repeats` or CPU_REPEATS) are the samples."""
+    if device == "cuda":
+        return measure.time_fn(fn, device, CUDA_WARMUP, repeats or CUDA_REPEATS, CUDA_BUDGET_S)
+    start_s = time.perf_counter()
+    fn()
+    first_s = time.perf_counter() - start_s
+    if first_s >= CPU_BUDGET_S / 2:
+        return measure.Timing((first_s,))
+    left_s = CPU_BUDGET_S - first_s
+    fit = max(1, min(repeats or CPU_REPEATS, int(left_s / first_s)))
+    return measure.time_fn(fn, device, warmup=0, repeats=fit, budget_s=left_s)
+
+
+def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
+    """The flat dict every measurement returns (units in the keys)."""
+    device, dtype = model.device.type, model.compute_dtype
+    hardware, _ = calibrate.load_or_calibrate(device)
+    predicted_s = roofline.roofline_time_s(flops, bytes_moved, hardware, dtype)
+    rates = measure.achieved(flops, bytes_moved, timing)
+    return {
+        "phase": phase, "device": device, "device_name": backend.device_name(device),
+        "hardware": hardware.name, "model": model.spec.name, **shape, "compute_dtype": dtype,
+        "kernels": model.ops.name, "time_s": timing.median_s, "time_min_s": timing.min_s,
+        "time_max_s": timing.max_s, "spread": timing.spread, "noisy": timing.noisy,
+        "samples": len(timing.samples_s), "flops": flops, "bytes": bytes_moved,
+        "predicted_time_s": predicted_s, "bound": roofline.bound_by(flops, bytes_moved, hardware, dtype),
+        "achieved_flops_per_s": rates["achieved_flops_per_s"],
+        "achieved_bytes_per_s": rates["achieved_bytes_per_s"],
+        "roof_fraction": measure.roof_fraction(flops, bytes_moved, timing, hardware, dtype),
+        "residual": timing.median_s / predicted_s - 1.0,
+    }
+
+
+# ------------------------------------------------------------------ one point
+def measure_prefill(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int = 1024, batch: int = 1,
+                    device: str | None = None, counting: Counting = KERNEL, repeats: int | None = None,
+                    cache_dtype: str | None = None) -> dict:
+    """Time one prefill of `batch` random prompts of `prompt_tokens` tokens (cache in the
+    compute dtype unless `cache_dtype` is given) and compare it with the calibrated roofline."""
+    built = get_built_model(model, device)
+    spec, dtype = built.spec, built.compute_dtype
+    cache_dtype = cache_dtype or dtype
+    _ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
+    tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
+    timing = _time(lambda: built.prefill(tokens), built.device.type, repeats)
+    flops = roofline.prefill_flops(spec, prompt_tokens, batch, counting)
+    bytes_moved = (roofline.weight_bytes(spec, dtype, "matmul")
+                   + roofline.kv_cache_bytes(spec, prompt_tokens, batch, cache_dtype))
+    point = _point("prefill", built, timing, flops, bytes_moved, prompt_tokens=prompt_tokens,
+                   batch=batch, cache_dtype=cache_dtype)
+    point.update(counting=f"{counting.attention}/{counting.params}",
+                 tokens_per_s=batch * prompt_tokens / timing.median_s)
+    return point
+
+
+def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, context_tokens: int = 1024,
+                   cache_dtype: str = "bf16", device: str | None = None, repeats: int | None = None,
+                   capacity: int | None = None) -> dict:
+    """Time one decode step of `batch` sequences over `context_tokens` cached tokens each.
+    `capacity` (>= context_tokens + 1) sizes a new cache so a sweep can reuse it."""
+    built = get_built_model(model, device)
+    spec, dtype = built.spec, built.compute_dtype
+    cache = _ensure_cache(built, batch, max(capacity or 0, context_tokens + 1), cache_dtype, 1)  # no prefill
+    if cache.filled_tokens < context_tokens:  # fill the whole cache once; later contexts reuse it
+        cache.fill_random(cache.max_tokens - 1)
+    cache.set_lengths(context_tokens, active=True)  # active even at context 0
+    tokens = _random_tokens(spec, (batch,), built.device)
+
+    def step():  # one token per sequence, then back to the same context length
+        built.decode_step(tokens)
+        cache.set_lengths(context_tokens, active=True)
+
+    timing = _time(step, built.device.type, repeats)
+    flops = roofline.decode_flops_per_step(spec, batch, context_tokens, KERNEL)
+    bytes_moved = roofline.decode_bytes_per_step(spec, batch, context_tokens, dtype, cache_dtype, "matmul")
+    share = roofline.cache_share(spec, batch, context_tokens, dtype, cache_dtype, "matmul")
+    point = _point("decode", built, timing, flops, bytes_moved, context_tokens=context_tokens,
+                   batch=batch, cache_dtype=cache_dtype)
+    point.update(cache_share=share, regime=roofline.decode_regime(share),
+                 tokens_per_s=batch / timing.median_s)
+    return point
+
+
+def _random_tokens(spec: ModelSpec, shape, device):
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, spec.vocab_size, shape, generator=g).to(device)
+
+
+def bind_prefill(model: ModelSpec | str = DEFAULT_MODEL, **fixed):
+    """measure(**slider_values) -> measure_prefill(model, **fixed, **slider_values), for a view."""
+    return lambda **values: measure_prefill(model, **{**fixed, **values})
+
+
+def bind_decode(model: ModelSpec | str = DEFAULT_MODEL, **fixed):
+    """measure(**slider_values) -> measure_decode(model, **fixed, **slider_values), for a view."""
+    return lambda **values: measure_decode(model, **{**fixed, **values})
+
+
+# ------------------------------------------------------------------ sweeps
+def prefill_sweep(model: ModelSpec | str = DEFAULT_MODEL, prompts=(256, 1024, 2048, 4096), batch: int = 1,
+                  device: str | None = None, progress=None) -> list[dict]:
+    """measure_prefill at each prompt length; progress(done, total) after each point."""
+    points = []
+    for i, prompt_tokens in enumerate(prompts):
+        points.append(measure_prefill(model, prompt_tokens, batch, device))
+        if progress:
+            progress(i + 1, len(prompts))
+    return points
+
+
+def decode_sweep(model: ModelSpec | str = DEFAULT_MODEL, batches=(1, 8, 32, 64), contexts=(256, 2048, 8192),
+                 cache_dtypes=("bf16",), device: str | None = None, progress=None) -> list[dict]:
+    """measure_decode over the grid cache_dtypes x batches x contexts. One cache per
+    (dtype, batch), sized for the longest context and filled once, serves every context."""
+    grid = [(d, b, s) for d in cache_dtypes for b in batches for s in sorted(contexts)]
+    capacity = max(contexts) + 1
+    points = []
+    for i, (cache_dtype, batch, context_tokens) in enumerate(grid):
+        points.append(measure_decode(model, batch, context_tokens, cache_dtype, device, capacity=capacity))
+        if progress:
+            progress(i + 1, len(grid))
+    return points

@@ -1,0 +1,185 @@
+"""labkit.gpu_check: the dry run end to end (recordings, provenance, no overwriting) and its CLI errors.
+
+The dry run is run as the Makefile runs it, in a subprocess: TRITON_INTERPRET must be set before
+triton is imported, and the command's exit code and output are part of what is checked.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import gpu_check as gc
+from labkit.gpu_check import DRY, NO_GPU, SECTIONS, SHARES, Budget, datasheet_for, decode_attention_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = re.compile(r"^(?P<section>[a-z_]+)-[a-z0-9-]+-\d{8}-\d{4}(-\d+)?\.json$")
+
+
+def gpu_check(*args, timeout=300, **env):
+    """Run `python -m labkit.gpu_check ARGS` from the repository root; env entries override."""
+    full_env = {**os.environ, **env}
+    if shutil.which("nvidia-smi") is None:
+        full_env.setdefault("TRITON_INTERPRET", "1")
+    return subprocess.run([sys.executable, "-m", "labkit.gpu_check", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def recordings(directory: Path) -> dict:
+    """{section: [recording, ...]} for every JSON file in `directory`, each with its "_name"."""
+    found = {}
+    for path in sorted(directory.glob("*.json")):
+        match = NAME.match(path.name)
+        assert match, f"unexpected recording name {path.name}"
+        found.setdefault(match["section"], []).append({**json.loads(path.read_text()), "_name": path.name})
+    return found
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    done = gpu_check("--out", str(out), "--dry-run")
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return out, done
+
+
+@pytest.mark.slow
+def test_dry_run_writes_one_recording_per_section(dry_run):
+    out, done = dry_run
+    found = recordings(out)
+    assert sorted(found) == sorted(SECTIONS)
+    for section, (record,) in found.items():
+        assert record["dry_run"] is True and record["section"] == section
+        assert record["provenance"]["device"] and record["provenance"]["date"]
+        assert "labkit.gpu_check" in record["provenance"]["command"]
+        assert record["dtype"] and record["sizes"]["model"] == DRY.model
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["gpu_check"] == "ok" and summary["dry_run"] is True and summary["correctness_passed"]
+    assert len(summary["recordings"]) == len(SECTIONS)
+
+
+def steps(record, key):
+    """The steps a recording lists under `key`; none may have raised."""
+    items = record[key]
+    errors = [s for s in items if "error" in s]
+    assert not errors, f"steps raised: {errors}"
+    return items
+
+
+@pytest.mark.slow
+def test_dry_run_correctness_checks_all_kernels_and_pass(dry_run):
+    (record,) = recordings(dry_run[0])["correctness"]
+    checks = steps(record, "checks")
+    assert record["all_passed"] is True
+    assert {c.get("kernel") for c in checks if "skipped" not in c} == {
+        "matmul", "flash_attention", "decode_attention", "kv_quant"}
+    for check in checks:
+        assert check["passed"], check
+        if "skipped" not in check:  # the fp8 quantiser needs a GPU (the interpreter miscasts it)
+            assert check["ref_max_abs"] > 10 * check["max_abs_err"], f"check too weak to fail: {check}"
+    assert {c["cache_dtype"] for c in checks if c.get("kernel") == "decode_attention"} == {"fp16", "fp8", "int8"}
+
+
+@pytest.mark.slow
+def test_dry_run_times_kernels_and_sweeps(dry_run):
+    found = recordings(dry_run[0])
+    timings = steps(found["kernels"][0], "timings")
+    assert {t["kernel"] for t in timings} == {"matmul", "flash_attention", "decode_attention"}
+    assert all(t["time_s"] > 0 and t["baseline_time_s"] > 0 for t in timings)
+    assert found["kernels"][0]["quant_speedups"], "fp8/int8 vs float speed-ups at the long context"
+    for section, phase in (("prefill_sweep", "prefill"), ("decode_sweep", "decode")):
+        points = steps(found[section][0], "points")
+        assert points and not [p for p in points if "skipped" in p], f"{section}: {points}"
+        assert all(p["phase"] == phase and p["time_s"] > 0 and p["predicted_time_s"] > 0 for p in points)
+    decode = found["decode_sweep"][0]["points"]
+    assert {p["cache_dtype"] for p in decode} == {"bf16", "fp8", "int8"}
+    assert max(p["batch"] for p in decode) == DRY.max_batch, "batches double up to what fits"
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_roof_before_each_measurement(dry_run):
+    lines = dry_run[1].stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.split("] ", 1)[-1].lstrip().startswith(("measured", "triton")):
+            assert "roof" in lines[i - 1], f"no roof printed before: {line!r}"
+
+
+@pytest.mark.slow
+def test_a_second_run_adds_recordings_and_overwrites_none(dry_run):
+    out, _ = dry_run
+    before = {p.name: p.read_bytes() for p in out.glob("*.json")}
+    done = gpu_check("--out", str(out), "--dry-run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = {p.name: p.read_bytes() for p in out.glob("*.json")}
+    assert len(after) == 2 * len(before)
+    assert all(after[name] == data for name, data in before.items())
+
+
+def test_out_of_budget_steps_are_recorded_as_skipped(tmp_path, capsys):
+    # A budget spent before the first step: every step is skipped, every recording still written.
+    code = gc.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "1e-6", "--only", "correctness,decode_sweep"])
+    assert code == 0
+    found = recordings(tmp_path)
+    assert sorted(found) == ["correctness", "decode_sweep"]
+    items = found["correctness"][0]["checks"] + found["decode_sweep"][0]["points"]
+    assert items and all(item["skipped"] == "budget" for item in items)
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["correctness_passed"] is True
+
+
+@pytest.mark.slow
+def test_a_failed_check_exits_1_and_is_recorded(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gc, "TOLERANCE", {dtype: (0.0, 0.0) for dtype in gc.TOLERANCE})  # nothing passes
+    monkeypatch.setattr(gc, "QUANTISED_CACHE_TOLERANCE", (0.0, 0.0))
+    assert gc.main(["--out", str(tmp_path), "--dry-run", "--only", "correctness"]) == 1
+    (record,) = recordings(tmp_path)["correctness"]
+    assert record["all_passed"] is False and any(not c["passed"] for c in record["checks"])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["gpu_check"] == "correctness failed"
+
+
+@pytest.mark.parametrize("args", [
+    [],  # --out is required
+    ["--out", "x", "--budget-s", "-5"],
+    ["--out", "x", "--budget-s", "soon"],
+    ["--out", "x", "--only", "kernels,warp_drive"],
+    ["--out", "x", "--frobnicate"],
+])
+def test_bad_arguments_exit_2_with_one_line(args, tmp_path):
+    done = gpu_check(*[str(tmp_path / a) if a == "x" else a for a in args], "--dry-run", timeout=60)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not list(tmp_path.glob("**/*.json"))
+
+
+def test_no_gpu_without_dry_run_exits_2(tmp_path):
+    done = gpu_check("--out", str(tmp_path), CUDA_VISIBLE_DEVICES="", timeout=60)  # hides any GPU
+    assert done.returncode == 2 and done.stderr.strip() == NO_GPU
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H200", "H200"),
+    ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA L40S", None), ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+])
+def test_datasheet_is_picked_by_device_name_or_none(name, preset):
+    spec = datasheet_for(name)
+    assert (spec.name if spec else None) == preset
+
+
+def test_decode_attention_bytes_counts_cache_scales_and_q_out():
+    # B=1, H=32, Hkv=8, S=32768, D=128: K+V = 2 * 8 * 32768 * 128 values; q and out 2 * 32 * 128 bf16.
+    values, q_out = 2 * 8 * 32768 * 128, 2 * 32 * 128 * 2
+    assert decode_attention_bytes(1, 32, 8, 32768, 128, "bf16", "bf16") == 2 * values + q_out
+    assert decode_attention_bytes(1, 32, 8, 32768, 128, "fp8", "bf16") == values + 8 + q_out
+    assert decode_attention_bytes(1, 32, 8, 32768, 128, "int8", "bf16") == values + 2 * 8 * 32768 * 4 + q_out
+
+
+def test_budget_passes_unused_time_on():
+    budget = Budget(100.0, ("correctness", "kernels"))
+    shares = budget.deadline_s["correctness"] - budget.start_s, budget.deadline_s["kernels"] - budget.start_s
+    total = SHARES["correctness"] + SHARES["kernels"]
+    assert shares[0] == pytest.approx(100 * SHARES["correctness"] / total) and shares[1] == pytest.approx(100.0)

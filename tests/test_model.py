@@ -1,0 +1,247 @@
+"""labkit.model and labkit.kvcache: tied to the formulas (parameter count, KV bytes per token) and
+to an independent full-sequence PyTorch forward (explicit causal softmax, no cache)."""
+import json
+import math
+import os
+import shutil
+
+if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from labkit import backend, roofline  # noqa: E402
+from labkit.errors import FootprintError, LabError  # noqa: E402
+from labkit.model import Llama  # noqa: E402
+from labkit.specs import get_model, model_from_config, with_changes  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+TINY = get_model("lab-tiny")
+CACHE_DTYPES = ("fp32", "bf16", "fp8", "int8")
+# Logits of the fp32 model against a float64 reference. Prefill attends to the fresh K/V, so it
+# is fp32-tight for every cache dtype; decode reads the stored cache, so the cache's rounding
+# shows: bf16 keeps 8 significant bits, int8 ~ absmax/254 per row, fp8 e4m3 3 mantissa bits.
+TOL = {"fp32": dict(atol=1e-4, rtol=1e-4), "bf16": dict(atol=3e-2, rtol=3e-2),
+       "int8": dict(atol=3e-2, rtol=3e-2), "fp8": dict(atol=1.5e-1, rtol=1.5e-1)}
+
+
+def tokens_for(seed, *shape, vocab=TINY.vocab_size):
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def assert_close(out, ref, tol, what):
+    err = (out.double() - ref.double()).abs()
+    torch.testing.assert_close(out.double(), ref.double(), **tol, msg=lambda _: (
+        f"{what}: max abs err {err.max().item():.3e}, mean abs err {err.mean().item():.3e}, tolerance {tol}"))
+
+
+# ------------------------------------------------------------------ the reference
+def reference_logits(model, tokens):
+    """Logits [T, V] for every position of one sequence tokens [T], in float64, written from the
+    Llama definition without the model's code: no cache, explicit causal mask and softmax."""
+    s = model.spec
+    w = lambda t: t.detach().cpu().double()  # noqa: E731
+    T, dh, group = len(tokens), s.head_dim, s.n_heads // s.n_kv_heads
+    norm = lambda x, g: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + s.norm_eps) * g  # noqa: E731
+    inv_freq = 1.0 / s.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq  # [T, dh/2]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # [T, dh]
+    rope = lambda t: t * cos + torch.cat([-t[..., dh // 2:], t[..., :dh // 2]], -1) * sin  # noqa: E731
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # [T, T]: key after query
+    x = w(model.embed)[tokens.cpu()]  # [T, d]
+    for layer in model.layers:
+        wq, wk, wv = w(layer.wqkv).split([s.q_dim, s.kv_dim, s.kv_dim])
+        h = norm(x, w(layer.attn_norm))
+        q = rope((h @ wq.T).view(T, s.n_heads, dh).transpose(0, 1))  # [H, T, dh]
+        k = rope((h @ wk.T).view(T, s.n_kv_heads, dh).transpose(0, 1)).repeat_interleave(group, 0)
+        v = (h @ wv.T).view(T, s.n_kv_heads, dh).transpose(0, 1).repeat_interleave(group, 0)
+        scores = (q @ k.transpose(1, 2) / math.sqrt(dh)).masked_fill(future, float("-inf"))
+        o = (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(T, s.q_dim)
+        x = x + o @ w(layer.wo).T
+        gate, up = (norm(x, w(layer.mlp_norm)) @ w(layer.w_gate_up).T).chunk(2, -1)
+        x = x + (torch.nn.functional.silu(gate) * up) @ w(layer.w_down).T
+    return norm(x, w(model.norm)) @ w(model.head_weight).T
+
+
+def run(model, prompts, steps):
+    """Prefill prompts [B, P], then decode steps [B, n] one column at a time; logits [B, 1 + n, V]."""
+    out = [model.prefill(prompts)]
+    out += [model.decode_step(steps[:, i]) for i in range(steps.shape[1])]
+    return torch.stack(out, 1)
+
+
+# ------------------------------------------------------------------ formulas == the real model
+def _config_json(tmp_path):
+    config = {"hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
+              "intermediate_size": 160, "vocab_size": 300, "tie_word_embeddings": True,
+              "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 512}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return model_from_config(path)
+
+
+@pytest.mark.parametrize("which", ["lab-tiny", "lab-cpu", "tied", "config.json"])
+def test_param_count_formula_equals_numel(which, tmp_path):
+    spec = {"tied": with_changes(TINY, tie_embeddings=True),
+            "config.json": _config_json(tmp_path) if which == "config.json" else None}.get(which)
+    spec = spec or get_model(which)
+    model = Llama(spec, max_tokens=8, device="cpu")
+    numel = sum(p.numel() for p in model.parameters())
+    assert numel == roofline.param_count(spec, "all"), f"{which}: model {numel}, formula {roofline.param_count(spec)}"
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_cache_growth_per_decode_step_equals_kv_bytes_per_token(cache_dtype):
+    model = Llama(TINY, batch=3, max_tokens=16, cache_dtype=cache_dtype, device="cpu")
+    model.prefill(tokens_for(0, 3, 5))
+    before = model.cache.used_bytes()
+    model.decode_step(tokens_for(1, 3))
+    growth_per_sequence = (model.cache.used_bytes() - before) / 3
+    assert growth_per_sequence == roofline.kv_bytes_per_token(TINY, cache_dtype)
+    # nbytes counts every buffer: the formula's cache for all positions, plus what it leaves out
+    # (fp8's per-layer scales) and the lengths.
+    extra = (2 * TINY.n_layers * 4 if cache_dtype == "fp8" else 0) + 3 * 4
+    assert model.cache.nbytes() == roofline.kv_cache_bytes(TINY, 16, 3, cache_dtype) + extra
+
+
+# ------------------------------------------------------------------ the model == the reference
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_prefill_and_decode_match_reference(cache_dtype):
+    model = Llama(TINY, batch=2, max_tokens=32, cache_dtype=cache_dtype, device="cpu")
+    prompts, steps = tokens_for(2, 2, 9), tokens_for(3, 2, 4)
+    logits = run(model, prompts, steps)
+    for b in range(2):
+        ref = reference_logits(model, torch.cat([prompts[b], steps[b]]))[8:]  # positions 8 .. 12
+        assert_close(logits[b, 0], ref[0], TOL["fp32"], f"prefill logits, {cache_dtype} cache, row {b}")
+        assert_close(logits[b, 1:], ref[1:], TOL[cache_dtype], f"decode logits, {cache_dtype} cache, row {b}")
+
+
+def test_tied_embeddings_share_the_table_and_match_reference():
+    model = Llama(with_changes(TINY, tie_embeddings=True), max_tokens=16, device="cpu")
+    assert model.head_weight is model.embed
+    prompt = tokens_for(4, 1, 6)
+    assert_close(model.prefill(prompt)[0], reference_logits(model, prompt[0])[-1], TOL["fp32"], "tied prefill")
+
+
+def test_chunked_prefill_equals_one_shot():
+    one_shot = Llama(TINY, batch=2, max_tokens=32, cache_dtype="fp32", device="cpu")
+    chunked = Llama(TINY, batch=2, max_tokens=32, cache_dtype="fp32", device="cpu")
+    prompts = tokens_for(5, 2, 13)
+    expected = one_shot.prefill(prompts)
+    chunked.prefill(prompts[:, :4])
+    chunked.prefill(prompts[:, 4:9], start=4)
+    got = chunked.prefill(prompts[:, 9:], start=9)
+    assert_close(got, expected, TOL["fp32"], "chunked vs one-shot prefill logits")
+    assert chunked.cache.host_lengths == one_shot.cache.host_lengths == [13, 13]
+    assert_close(chunked.cache.k[:, :, :, :13], one_shot.cache.k[:, :, :, :13], TOL["fp32"], "cached K")
+    step = tokens_for(6, 2)
+    assert_close(chunked.decode_step(step), one_shot.decode_step(step), TOL["fp32"], "decode after chunked prefill")
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp32", "int8"])  # the CPU path's two decode attentions
+def test_mixed_lengths_and_slot_reuse(cache_dtype):
+    """Continuous batching: rows of different lengths decode together; a freed slot is refilled."""
+    model = Llama(TINY, batch=3, max_tokens=32, cache_dtype=cache_dtype, device="cpu")
+    tol = TOL[cache_dtype]
+    seqs = {0: tokens_for(7, 5), 2: tokens_for(8, 11)}
+    for slot, prompt in seqs.items():
+        model.prefill_slot(slot, prompt)
+    assert model.cache.host_lengths == [5, 0, 11] and model.cache.active == [True, False, True]
+    for i in range(3):
+        step = tokens_for(10 + i, 3)
+        logits = model.decode_step(step)
+        for slot in seqs:
+            seqs[slot] = torch.cat([seqs[slot], step[slot:slot + 1]])
+            ref = reference_logits(model, seqs[slot])[-1]
+            assert_close(logits[slot], ref, tol, f"decode step {i}, slot {slot}")
+    assert model.cache.host_lengths == [8, 0, 14]
+    model.reset_sequence(0)
+    seqs[0] = tokens_for(20, 3)
+    assert_close(model.prefill_slot(0, seqs[0]), reference_logits(model, seqs[0])[-1], TOL["fp32"], "refilled slot")
+    step = tokens_for(21, 3)
+    logits = model.decode_step(step)
+    for slot in seqs:
+        seqs[slot] = torch.cat([seqs[slot], step[slot:slot + 1]])
+        assert_close(logits[slot], reference_logits(model, seqs[slot])[-1], tol, f"after refill, slot {slot}")
+    assert model.cache.host_lengths == [4, 0, 15]
+
+
+def test_misuse_is_explained():
+    model = Llama(TINY, batch=2, max_tokens=8, device="cpu")
+    with pytest.raises(LabError, match="prefill first"):
+        model.decode_step(tokens_for(0, 2))
+    with pytest.raises(LabError, match="does not fit"):
+        model.prefill(tokens_for(0, 2, 9))
+    with pytest.raises(LabError, match="prefill_slot"):
+        model.prefill(tokens_for(0, 1, 4))
+    model.prefill(tokens_for(0, 2, 8))
+    with pytest.raises(LabError, match="full"):
+        model.decode_step(tokens_for(0, 2))
+
+
+# ------------------------------------------------------------------ footprint refusal
+def test_footprint_refused_before_allocation(monkeypatch):
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 1 << 20)  # 1 MiB free
+    model_bytes = roofline.memory_footprint_bytes(TINY, 1, 8, "fp32", "fp32")
+    assert model_bytes < (1 << 20) * (1 - backend.HEADROOM), "lab-tiny itself should fit in 1 MiB"
+    model = Llama(TINY, max_tokens=8, device="cpu")
+    allocations = []
+    for name in ("zeros", "ones", "empty", "randn"):
+        def spy(*args, _real=getattr(torch, name), _name=name, **kwargs):
+            allocations.append(_name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(torch, name, spy)
+    with pytest.raises(FootprintError, match="GiB"):
+        Llama(get_model("lab-cpu"), max_tokens=8, device="cpu")  # its weights alone are > 100 MB
+    with pytest.raises(FootprintError, match="KV cache"):
+        model.setup_cache(batch=64, max_tokens=4096, cache_dtype="fp32")
+    assert allocations == [], f"allocated before refusing: {allocations}"
+    assert model.cache is not None and model.cache.max_tokens == 8, "a refused cache keeps the old one"
+
+
+# ------------------------------------------------------------------ the CUDA path (kernels/)
+@pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+# fp8 is left to the GPU test: the interpreter's in-kernel fp32 -> fp8 cast is faulty.
+@pytest.mark.parametrize("cache_dtype", ["fp32", pytest.param("fp16", marks=pytest.mark.slow),
+                                         pytest.param("int8", marks=pytest.mark.slow)])
+def test_triton_path_matches_torch_path(cache_dtype):
+    """The kernels' dispatch (matmul, flash/decode attention, quantize_kv), run where the tests
+    run (the interpreter on CPU), against the torch path with the same seeded weights."""
+    device = "cuda" if CUDA else "cpu"
+    make = lambda kernels: Llama(TINY, batch=2, max_tokens=24, cache_dtype=cache_dtype, device=device,  # noqa: E731
+                                 compute_dtype="fp32", kernels=kernels)
+    triton_model, torch_model = make("triton"), make("torch")
+    prompts, steps = tokens_for(30, 2, 6), tokens_for(31, 2, 2)
+    got = run(triton_model, prompts.to(device), steps.to(device))
+    expected = run(torch_model, prompts.to(device), steps.to(device))
+    assert_close(got, expected, dict(atol=1e-3, rtol=1e-3), f"triton vs torch path, {cache_dtype} cache")
+    chunk = triton_model.prefill(prompts[:, :4].to(device))  # chunked prefill through flash attention
+    chunk = triton_model.prefill(prompts[:, 4:].to(device), start=4)
+    # The chunk attends to the cached prefix as stored (int8: rounded), one-shot to fresh K/V.
+    tol = TOL["int8"] if cache_dtype == "int8" else dict(atol=1e-3, rtol=1e-3)
+    assert_close(chunk, expected[:, 0], tol, f"triton chunked prefill, {cache_dtype} cache")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_cuda_bf16_model_matches_reference(cache_dtype):
+    """The default CUDA model (bf16 weights, Triton kernels) against the float64 reference of
+    the same (bf16-rounded) weights: bf16 activations bound the error, plus the cache's."""
+    model = Llama(TINY, batch=2, max_tokens=32, cache_dtype=cache_dtype, device="cuda")
+    assert model.compute_dtype == "bf16" and model.ops.name == "triton"
+    prompts, steps = tokens_for(40, 2, 9), tokens_for(41, 2, 3)
+    logits = run(model, prompts.cuda(), steps.cuda()).cpu()
+    tol = dict(atol=0.25, rtol=0.1) if cache_dtype == "fp8" else dict(atol=0.15, rtol=0.05)
+    for b in range(2):
+        ref = reference_logits(model, torch.cat([prompts[b], steps[b]]))[8:]
+        assert_close(logits[b], ref, tol, f"CUDA bf16 model, {cache_dtype} cache, row {b}")
+
+
+def test_cpu_fp8_upcast_is_exact_for_every_code():
+    from labkit.model import upcast
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)  # every fp8 e4m3 value
+    finite = ~codes.float().isnan()
+    assert torch.equal(upcast(codes)[finite], codes.float()[finite])

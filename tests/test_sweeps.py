@@ -1,0 +1,102 @@
+"""labkit.sweeps: real measurements on lab-tiny come back complete and sane; the lab-cpu model's
+phenomena fall inside the CPU sliders' ranges (by formula, not by timing)."""
+import math
+
+import pytest
+
+from labkit import calibrate, explore, roofline, sweeps
+from labkit.roofline import KERNEL
+from labkit.specs import HardwareSpec, get_model
+
+COMMON_KEYS = {"phase", "device", "device_name", "hardware", "model", "batch", "cache_dtype", "compute_dtype",
+               "kernels", "time_s", "time_min_s", "time_max_s", "spread", "noisy", "samples", "flops", "bytes",
+               "predicted_time_s", "bound", "achieved_flops_per_s", "achieved_bytes_per_s", "roof_fraction",
+               "residual", "tokens_per_s"}
+# A stand-in for this machine's calibration (which takes ~10 s): the shape of a 2-core CPU's roof.
+FAKE_ROOF = HardwareSpec("test CPU roof", None, None, None, None, 100e9, 10e9, 16e9, kind="calibrated")
+
+
+@pytest.fixture
+def fake_roof(monkeypatch):
+    monkeypatch.setattr(calibrate, "load_or_calibrate", lambda device, refresh=False: (FAKE_ROOF, {}))
+
+
+def check_point(point, phase, x_key, x):
+    missing = COMMON_KEYS - set(point)
+    assert not missing, f"{phase} point lacks {sorted(missing)}"
+    assert point["phase"] == phase and point[x_key] == x and point["device"] == "cpu"
+    assert point["time_min_s"] <= point["time_s"] <= point["time_max_s"] and point["time_s"] > 0
+    assert point["predicted_time_s"] > 0 and point["roof_fraction"] > 0 and point["flops"] > 0
+    assert point["bound"] in ("compute", "memory") and point["samples"] >= 1
+    assert math.isclose(point["residual"], point["time_s"] / point["predicted_time_s"] - 1)
+    assert math.isclose(point["achieved_flops_per_s"], point["flops"] / point["time_s"])
+
+
+def test_measure_prefill_on_lab_tiny(fake_roof):
+    point = sweeps.measure_prefill("lab-tiny", prompt_tokens=64, batch=2, device="cpu")
+    check_point(point, "prefill", "prompt_tokens", 64)
+    spec = get_model("lab-tiny")
+    assert point["flops"] == roofline.prefill_flops(spec, 64, 2, KERNEL)
+    weights, cache = roofline.weight_bytes(spec, "fp32", "matmul"), roofline.kv_cache_bytes(spec, 64, 2, "fp32")
+    assert point["bytes"] == weights + cache
+    assert point["compute_dtype"] == "fp32" and point["kernels"] == "torch"
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp32", "int8"])
+def test_measure_decode_on_lab_tiny(fake_roof, cache_dtype):
+    point = sweeps.measure_decode("lab-tiny", batch=3, context_tokens=100, cache_dtype=cache_dtype, device="cpu")
+    check_point(point, "decode", "context_tokens", 100)
+    spec = get_model("lab-tiny")
+    assert point["bytes"] == roofline.decode_bytes_per_step(spec, 3, 100, "fp32", cache_dtype, "matmul")
+    assert point["regime"] in ("weights-dominated", "mixed", "cache-dominated")
+    assert 0 < point["cache_share"] < 1 and math.isclose(point["tokens_per_s"], 3 / point["time_s"])
+    cache = sweeps.get_built_model("lab-tiny", "cpu").cache
+    assert cache.host_lengths == [100] * 3, "timed steps must leave the context length where it was"
+
+
+def test_decode_at_context_zero_and_sweeps(fake_roof):
+    seen = []
+    points = sweeps.decode_sweep("lab-tiny", batches=[1, 2], contexts=[0, 40], cache_dtypes=["bf16"],
+                                 device="cpu", progress=lambda i, n: seen.append((i, n)))
+    assert [(p["batch"], p["context_tokens"]) for p in points] == [(1, 0), (1, 40), (2, 0), (2, 40)]
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    prefill = sweeps.prefill_sweep("lab-tiny", prompts=[16, 32], device="cpu")
+    assert [p["prompt_tokens"] for p in prefill] == [16, 32]
+    record = sweeps.bind_decode("lab-tiny", context_tokens=8, cache_dtype="fp32", device="cpu")(batch=2)
+    assert (record["batch"], record["context_tokens"]) == (2, 8)
+
+
+def test_models_are_reused():
+    assert sweeps.get_built_model("lab-tiny", "cpu") is sweeps.get_built_model("lab-tiny", "cpu")
+
+
+# ------------------------------------------------------------------ lab-cpu phenomena, by formula
+CPU = explore.lab_settings("cpu")
+LAB_CPU = get_model(CPU["model"])
+
+
+def test_prefill_crosses_attention_crossover_within_prompt_slider():
+    low, high = CPU["prompt"][:2]
+    crossover = roofline.crossover_tokens(LAB_CPU, KERNEL)
+    assert low < crossover < high, f"crossover at {crossover:.0f} tokens, slider {low}..{high}"
+
+
+def test_decode_goes_from_weights_to_cache_dominated_within_sliders():
+    batch_high, context_high = CPU["batch"][1], CPU["context"][1]
+    share = lambda b, s: roofline.cache_share(LAB_CPU, b, s, CPU["dtype"], CPU["cache_dtype"], "matmul")  # noqa: E731
+    assert roofline.decode_regime(share(1, 256)) == "weights-dominated"
+    assert roofline.decode_regime(share(batch_high, context_high)) == "cache-dominated"
+    for cache_dtype in ("bf16", "int8", "fp8"):  # even the compact caches get there
+        s = roofline.cache_share(LAB_CPU, batch_high, context_high, CPU["dtype"], cache_dtype, "matmul")
+        assert roofline.decode_regime(s) == "cache-dominated", cache_dtype
+
+
+@pytest.mark.slow
+def test_decode_compute_bound_batch_within_batch_slider_on_calibrated_cpu():
+    """On this machine's calibrated roof (measured once per test session, ~10 s), decode with a
+    short context turns compute-bound inside the batch slider."""
+    roof, _ = calibrate.load_or_calibrate("cpu")
+    batch = roofline.decode_compute_bound_batch(LAB_CPU, roof, 0, CPU["dtype"], CPU["cache_dtype"],
+                                                CPU["dtype"], KERNEL)
+    low, high = CPU["batch"][:2]
+    assert batch is not None and low < batch < high, f"compute-bound from batch {batch}, slider {low}..{high}"
