@@ -195,10 +195,10 @@ def decode_regime(share: float) -> str:
 
 
 def prefill_bytes(model: ModelSpec, prompt_tokens: int, batch: int = 1, weight_dtype: str = "bf16",
-                  cache_dtype: str = "bf16") -> int:
+                  cache_dtype: str = "bf16", params: str = "all") -> int:
     """Weights read once plus the cache written. Ignores activations, which stay in on-chip
     memory in a fused kernel only partly; this is the floor, not the total."""
-    return weight_bytes(model, weight_dtype) + kv_cache_bytes(model, prompt_tokens, batch, cache_dtype)
+    return weight_bytes(model, weight_dtype, params) + kv_cache_bytes(model, prompt_tokens, batch, cache_dtype)
 
 
 def intensity_flops_per_byte(flops: float, bytes_moved: float) -> float:
@@ -272,7 +272,7 @@ def predicted_prefill_time_s(model: ModelSpec, prompt_tokens: int, hardware: Har
     """Roofline time of one prefill pass with weights and activations in `dtype`. With a
     calibrated `hardware` and efficiencies of 1 this is what the lab plots as "predicted"."""
     flops = prefill_flops(model, prompt_tokens, batch, counting, past_tokens)
-    nbytes = prefill_bytes(model, prompt_tokens, batch, dtype, _cache_dtype_for(dtype))
+    nbytes = prefill_bytes(model, prompt_tokens, batch, dtype, _cache_dtype_for(dtype), counting.params)
     return roofline_time_s(flops, nbytes, hardware, dtype, mfu, bandwidth_efficiency)
 
 

@@ -117,8 +117,7 @@ def measure_prefill(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int =
     tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
     timing = _time(lambda: built.prefill(tokens), built.device.type, repeats)
     flops = roofline.prefill_flops(spec, prompt_tokens, batch, counting)
-    bytes_moved = (roofline.weight_bytes(spec, dtype, "matmul")
-                   + roofline.kv_cache_bytes(spec, prompt_tokens, batch, cache_dtype))
+    bytes_moved = roofline.prefill_bytes(spec, prompt_tokens, batch, dtype, cache_dtype, counting.params)
     point = _point("prefill", built, timing, flops, bytes_moved, prompt_tokens=prompt_tokens,
                    batch=batch, cache_dtype=cache_dtype)
     point.update(counting=f"{counting.attention}/{counting.params}",
