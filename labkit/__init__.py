@@ -2,8 +2,14 @@
 measurement, a Llama-shaped model, sweeps and views. The core imports without Jupyter
 packages (a GPU image has only torch, triton and numpy); `labkit.views` needs plotly/ipywidgets."""
 import os
+import shutil
 
 # CPU timing: torch's OpenMP threads spin after each op by default, and fight numpy's BLAS threads
 # (the CPU path's decode matmuls) for the same cores: decode steps ran 1.5x slower here. It must be
 # set before torch loads OpenMP, so it is set on import of labkit, which the lessons import first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# Without an NVIDIA GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
+# before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs).
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
