@@ -329,3 +329,42 @@ def _fraction(value: float, name: str) -> float:
     if not 0 < value <= 1:
         raise SpecError(f"{name} must be in (0, 1], got {value!r}")
     return value
+
+
+# ---- lesson 03: attention memory traffic
+def naive_attention_bytes(batch: int, heads: int, query_tokens: int, key_tokens: int, head_dim: int,
+                          dtype: str = "bf16", kv_heads: int | None = None, score_dtype: str = "fp32") -> int:
+    """Memory traffic of attention done as three separate kernels that write the scores out:
+    S = Q K^T (write S), softmax (read S, write the probabilities), O = probabilities @ V (read
+    them). Counts Q, K, V read once, O written once, and the P x S matrix four times per query
+    head in `score_dtype`. Ignores the mask, the softmax's row statistics and any re-reading
+    inside each matmul (a good GEMM reads its inputs about once)."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    element = BYTES_PER_ELEMENT[_check_dtype(dtype)]
+    qo = 2 * batch * heads * query_tokens * head_dim * element
+    kv = 2 * batch * kv_heads * key_tokens * head_dim * element
+    scores = 4 * batch * heads * query_tokens * key_tokens * BYTES_PER_ELEMENT[_check_dtype(score_dtype)]
+    return qo + kv + scores
+
+
+def flash_attention_bytes(batch: int, heads: int, query_tokens: int, key_tokens: int, head_dim: int,
+                          dtype: str = "bf16", kv_heads: int | None = None, block_m: int | None = None) -> int:
+    """Memory traffic of a fused (flash) attention kernel: the scores stay on chip, never counted.
+    Q is read and O written once. K and V: with `block_m` None, read once per kv head — the
+    best case, when a head's K and V stay in cache while all its query tiles run; with
+    `block_m`, re-read once per tile of `block_m` queries for every query head — the worst
+    case, no cache reuse at all (still quadratic in the sequence, but smaller than the scores'
+    traffic by about 2 * block_m * score bytes / (head_dim * element bytes))."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    element = BYTES_PER_ELEMENT[_check_dtype(dtype)]
+    qo = 2 * batch * heads * query_tokens * head_dim * element
+    passes = kv_heads if block_m is None else heads * math.ceil(query_tokens / block_m)
+    return qo + 2 * batch * passes * key_tokens * head_dim * element
+
+
+def naive_attention_footprint_bytes(batch: int, heads: int, query_tokens: int, key_tokens: int,
+                                    score_dtype: str = "fp32", live_matrices: int = 2) -> int:
+    """Peak memory of materialised attention's score matrices: `live_matrices` P x S matrices
+    per query head exist at once (2: the scores and the softmax's output while it is computed).
+    Ignores the O(P d) inputs, their fp32 copies and the output, small beside P x S."""
+    return live_matrices * batch * heads * query_tokens * key_tokens * BYTES_PER_ELEMENT[_check_dtype(score_dtype)]
