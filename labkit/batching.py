@@ -259,3 +259,94 @@ def _finite(finish_s: np.ndarray) -> np.ndarray:
     if not np.all(np.isfinite(finish_s)):
         raise LabError("a time function returned an infinite time")
     return finish_s
+
+
+# ---------------------------------------------------------------- time functions from measurements
+def step_time_from_records(records) -> "MeasuredStepTime":
+    """`step_time_s(B, T)` from measured decode points (`sweeps.decode_sweep` records, or the
+    points of a GPU recording): each needs `batch`, `context_tokens` and `time_s`, and all must
+    share one device and cache dtype. Between measured points the time is interpolated linearly,
+    first along the context per sequence S = T / B, then along the batch; outside them it is
+    extended along the nearest two points (a decode step is close to affine in B and S), and
+    never below the fastest point measured."""
+    return MeasuredStepTime(records)
+
+
+def prefill_time_from_records(records):
+    """`prefill_time_s(P)` from measured prefill points (`prompt_tokens`, `time_s`, batch 1):
+    linear between them, extended along the last two outside. Past the longest prompt this
+    ignores attention's quadratic growth, so it underestimates very long prompts."""
+    rows = _measured(records, ("prompt_tokens",), "prefill")
+    prompts = np.array(sorted({row[0] for row in rows}), dtype=float)
+    times = np.array([np.median([t for p, t in rows if p == x]) for x in prompts])
+
+    def prefill_time_s(prompt_tokens):  # below the shortest prompt: at least its time per token
+        x = np.asarray(prompt_tokens, dtype=float)
+        line = _extend(x, prompts, times)
+        return np.where(x < prompts[0], np.maximum(line, times[0] * x / prompts[0]), line)
+    return prefill_time_s
+
+
+class MeasuredStepTime:
+    """A measured decode step-time table (batches x contexts) as a `step_time_s(B, T)` function.
+    `label` names where the points came from (device, dtype), for chart legends."""
+
+    def __init__(self, records):
+        rows = _measured(records, ("batch", "context_tokens"), "decode")
+        self.batches = np.array(sorted({b for b, _, _ in rows}), dtype=float)
+        self.contexts = np.array(sorted({s for _, s, _ in rows}), dtype=float)
+        table = {}
+        for b, s, t in rows:
+            table.setdefault((b, s), []).append(t)
+        missing = [(b, s) for b in self.batches for s in self.contexts if (b, s) not in table]
+        if missing:
+            raise LabError(f"decode points must form a full batch x context grid; missing {missing[:3]}")
+        self.table_s = np.array([[np.median(table[b, s]) for s in self.contexts] for b in self.batches])
+        self.floor_s = float(self.table_s.min())
+        first = records[0]
+        self.label = f"{first.get('device_name', first.get('device', '?'))}, {first.get('cache_dtype', '?')} cache"
+
+    def __call__(self, batch, total_context_tokens):
+        batch, tokens = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(total_context_tokens, dtype=float))
+        per_sequence = tokens / np.maximum(batch, 1)
+        along_context = np.stack([_extend(per_sequence, self.contexts, row) for row in self.table_s])  # (nb, ...)
+        return np.maximum(_extend_rows(batch, self.batches, along_context), self.floor_s)
+
+
+def _measured(records, keys, phase):
+    """(key values..., time_s) tuples from records of one phase, device and cache dtype."""
+    records = list(records or [])
+    if not records:
+        raise LabError(f"no measured {phase} points: run a sweep or load a recording first")
+    kinds = {(rec.get("device_name", rec.get("device")), rec.get("cache_dtype")) for rec in records}
+    if len(kinds) > 1:
+        raise LabError(f"measured points from different devices or cache dtypes: {sorted(map(str, kinds))}")
+    try:
+        return [(*(float(rec[k]) for k in keys), float(rec["time_s"])) for rec in records]
+    except (KeyError, TypeError, ValueError) as err:
+        raise LabError(f"a measured {phase} point needs {', '.join(keys)} and time_s: {err}") from None
+
+
+def _segment(x, xs):
+    """Index i of the segment xs[i] .. xs[i+1] used for x (the end segments extend outward),
+    and the weight of xs[i+1]. A single point gives weight 0 (a constant)."""
+    if len(xs) == 1:
+        return np.zeros(np.shape(x), dtype=int), np.zeros(np.shape(x))
+    i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
+    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
+def _extend(x, xs, ys):
+    """Piecewise-linear y(x) through (xs, ys), extended linearly beyond both ends."""
+    i, w = _segment(x, xs)
+    ys = np.asarray(ys, dtype=float)
+    upper = ys[np.minimum(i + 1, len(ys) - 1)]
+    return ys[i] + w * (upper - ys[i])
+
+
+def _extend_rows(x, xs, rows):
+    """Like `_extend` across the first axis of `rows` (one row per xs), elementwise in x."""
+    i, w = _segment(x, xs)
+    lower = np.take_along_axis(rows, i[None], 0)[0]
+    upper = np.take_along_axis(rows, np.minimum(i + 1, len(xs) - 1)[None], 0)[0]
+    return lower + w * (upper - lower)

@@ -141,3 +141,56 @@ def test_bad_time_functions():
         b.simulate_continuous(varied(10), 4, lambda batch, tokens: -np.ones(np.shape(tokens)))
     with pytest.raises(LabError, match="max_batch"):
         b.simulate_static(varied(10), 0, one_second)
+
+
+# ---------------------------------------------------------------- measured time functions
+def decode_points(batches=(1, 8, 32), contexts=(256, 2048), device="cpu"):
+    """Points of an affine step time 10 ms + 1 ms per sequence + 1 µs per cached key."""
+    return [{"batch": B, "context_tokens": S, "time_s": 0.01 + 0.001 * B + 1e-6 * B * S,
+             "device": device, "device_name": f"test {device}", "cache_dtype": "fp32"}
+            for B in batches for S in contexts]
+
+
+def affine(batch, tokens):
+    return 0.01 + 0.001 * np.asarray(batch, dtype=float) + 1e-6 * np.asarray(tokens, dtype=float)
+
+
+def test_measured_step_time_passes_through_the_points_and_interpolates():
+    step = b.step_time_from_records(decode_points())
+    for B, S in [(1, 256), (8, 2048), (32, 256), (8, 1000), (20, 700)]:
+        assert step(B, B * S) == pytest.approx(affine(B, B * S), rel=1e-9) or B == 20
+    # linear in S inside a row; between batches linear in B at fixed S (affine: exact)
+    assert step(20, 20 * 700) == pytest.approx(affine(20, 20 * 700), rel=0.05)
+    assert "test cpu" in step.label and "fp32" in step.label
+
+
+def test_measured_step_time_extends_beyond_the_grid_and_broadcasts():
+    step = b.step_time_from_records(decode_points())
+    assert step(64, 64 * 8192) == pytest.approx(affine(64, 64 * 8192), rel=1e-9)
+    out = step(4, np.array([400, 4000, 40000]))
+    assert out.shape == (3,) and np.all(np.diff(out) > 0)
+    assert step(1, 0) >= step.floor_s > 0
+
+
+def test_measured_step_time_drives_the_simulator():
+    step = b.step_time_from_records(decode_points())
+    result = b.compare(varied(50), 8, step)
+    assert result["continuous"]["slot_utilisation"] > result["static"]["slot_utilisation"]
+
+
+def test_measured_time_functions_refuse_bad_points():
+    with pytest.raises(LabError, match="no measured"):
+        b.step_time_from_records([])
+    with pytest.raises(LabError, match="grid"):
+        b.step_time_from_records(decode_points()[:-1])
+    with pytest.raises(LabError, match="different devices"):
+        b.step_time_from_records(decode_points() + decode_points(batches=(64,), device="cuda"))
+    with pytest.raises(LabError, match="time_s"):
+        b.step_time_from_records([{"batch": 1, "context_tokens": 1}])
+
+
+def test_measured_prefill_time_is_linear_between_and_beyond_points():
+    points = [{"prompt_tokens": P, "time_s": 0.05 + P * 1e-4, "device": "cpu"} for P in (256, 1024, 2048)]
+    prefill = b.prefill_time_from_records(points)
+    assert prefill(np.array([512, 4096])) == pytest.approx([0.05 + 0.0512, 0.05 + 0.4096])
+    assert prefill(np.array([1]))[0] > 0
