@@ -1,0 +1,126 @@
+"""Lesson 03's measurements: flash attention against naive attention on fresh random inputs.
+
+    compare_with_reference(heads=4, kv_heads=2, tokens=128, head_dim=64, dtype="fp32")
+    memory_sweep([1024, 2048, 4096], heads=2, kv_heads=1, head_dim=64, budget_bytes=2**30)
+
+Naive attention is `kernels.flash_attention.attention_reference`: it materialises the P x S
+scores in fp32. Flash attention is the lab's Triton kernel (on a CPU in Triton's interpreter,
+which is slow: keep sizes small there). For memory, the CPU path times torch's fused
+`scaled_dot_product_attention` instead, since the interpreter is far too slow at long lengths.
+
+Peak memory is measured, not computed:
+  * CUDA: `torch.cuda.max_memory_allocated` after resetting the peak, minus what was allocated
+    before the call — the most the caching allocator handed out during it;
+  * CPU (Linux): the process's peak resident set (VmHWM in /proc/self/status) after resetting it
+    through /proc/self/clear_refs, minus the resident set before the call — the most memory the
+    process held at once during the call. Memory freed earlier and reused without returning it
+    to the OS would not show; the matrices here are far beyond glibc's reuse thresholds.
+Every size is refused before allocating when its predicted footprint would not fit.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import backend, roofline
+from .errors import FootprintError, LabError
+from .specs import BYTES_PER_ELEMENT
+
+_TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_STATUS = Path("/proc/self/status")
+
+
+def random_qkv(heads: int, kv_heads: int, tokens: int, head_dim: int, dtype: str, device: str, batch: int = 1):
+    """Fresh (unseeded) q [B, H, P, D] and k, v [B, Hkv, P, D] from a standard normal."""
+    shapes = ((batch, heads, tokens, head_dim), (batch, kv_heads, tokens, head_dim), (batch, kv_heads, tokens, head_dim))
+    return tuple(torch.randn(s, device=device).to(_TORCH[dtype]) for s in shapes)
+
+
+def compare_with_reference(heads: int = 4, kv_heads: int = 2, tokens: int = 128, head_dim: int = 64,
+                           dtype: str = "fp32", device: str | None = None, causal: bool = True) -> dict:
+    """Run the Triton flash kernel and naive attention on the same fresh inputs; return the
+    element-wise absolute differences (a plain list) with their max and mean."""
+    from kernels.flash_attention import attention_reference, flash_attention
+
+    chosen = backend.choose_device(device).device
+    if dtype == "bf16" and chosen == "cpu":
+        raise LabError("bf16 is not supported by Triton's CPU interpreter; use fp32 or fp16 here")
+    q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, chosen)
+    errors = (flash_attention(q, k, v, causal).float() - attention_reference(q, k, v, causal).float()).abs()
+    return {"dtype": dtype, "device": chosen, "device_name": backend.device_name(chosen),
+            "shape": f"B=1, H={heads}, Hkv={kv_heads}, P=S={tokens}, D={head_dim}",
+            "max_abs_error": errors.max().item(), "mean_abs_error": errors.mean().item(),
+            "abs_errors": errors.flatten().tolist()}
+
+
+def _status_bytes(field: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # reported in kB, meaning KiB
+    raise LabError(f"/proc/self/status has no {field}")
+
+
+def peak_memory_bytes(fn, device: str) -> tuple[object, int]:
+    """Run fn(); return its result and the peak memory gained while it ran (see module doc)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        return result, torch.cuda.max_memory_allocated() - before
+    if not _STATUS.exists():
+        raise LabError("measuring CPU peak memory needs Linux's /proc/self/status")
+    before = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
+    result = fn()
+    return result, max(_status_bytes("VmHWM") - before, 0)
+
+
+def _flash(q, k, v, device: str):
+    if device == "cuda":
+        from kernels.flash_attention import flash_attention
+        return flash_attention(q, k, v, causal=False)
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def memory_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
+                 device: str, budget_bytes: float | None = None) -> dict:
+    """Peak memory of one attention call ("naive" | "flash") over P = S = `tokens`, after
+    checking its predicted footprint fits (free memory, and `budget_bytes` if given)."""
+    if method == "naive":
+        predicted = roofline.naive_attention_footprint_bytes(1, heads, tokens, tokens, "fp32")
+    else:  # flash holds only its output beyond the inputs
+        predicted = heads * tokens * head_dim * BYTES_PER_ELEMENT[dtype]
+    what = f"{method} attention at P={tokens:,} ({heads} heads)"
+    if budget_bytes is not None and predicted > budget_bytes:
+        raise FootprintError(f"{what} needs {predicted / 2**30:.1f} GiB, over the "
+                             f"{budget_bytes / 2**30:.1f} GiB budget; refused before allocating")
+    backend.check_fits(predicted, device, what)
+    q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, device)
+    from kernels.flash_attention import attention_reference
+    run = (lambda: attention_reference(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
+    _, peak = peak_memory_bytes(run, device)
+    return {"method": method, "tokens": tokens, "peak_bytes": peak, "predicted_bytes": predicted,
+            "device": device, "device_name": backend.device_name(device), "dtype": dtype, "heads": heads}
+
+
+def memory_sweep(tokens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: str, device: str | None = None,
+                 budget_bytes: float | None = None, progress=None) -> list[dict]:
+    """memory_point for naive and flash at each length. A refused size becomes a record with
+    "refused" (the message) and no "peak_bytes"; naive stops at its first refusal."""
+    chosen = backend.choose_device(device).device
+    points, stopped = [], set()
+    grid = [(p, m) for p in tokens for m in ("naive", "flash")]
+    for i, (p, method) in enumerate(grid):
+        try:
+            if method not in stopped:
+                points.append(memory_point(method, p, heads, kv_heads, head_dim, dtype, chosen, budget_bytes))
+        except FootprintError as err:
+            points.append({"method": method, "tokens": p, "refused": str(err), "device": chosen})
+            stopped.add(method)
+        if progress:
+            progress(i + 1, len(grid))
+    return points
