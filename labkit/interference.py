@@ -1,0 +1,182 @@
+"""One long prompt arriving while other users stream: measured, with and without chunked prefill.
+
+The question: *a prefill and the decode steps of other users share one machine — what do those
+users feel when a long prompt arrives?* This module runs it for real on the lab's model:
+
+    streams      B sequences already decoding, each holding S cached tokens (random K/V, as in
+                 `sweeps`: a step's time depends on how much it reads, not on the values)
+    long prompt  P tokens for one more request, prefilled into a cache of its own
+    timeline     a few decode steps; the prompt arrives; then, until it is prefilled, one chunk
+                 of C tokens (`Llama.prefill_slot(0, tokens[start:start + C], start=start)`)
+                 followed by one decode step for the streams; then a few more decode steps.
+                 Without chunking C = P: the whole prompt in one pass between two decode steps.
+
+Every decode step's end is a wall-clock timestamp (CUDA: after a synchronize), so the gap
+between two of them is the inter-token latency (ITL) each stream really saw. Chunking should
+shrink the worst gap to about one chunk plus one step; its cost is the long request's prefill
+time (its time to first token), which grows because decode steps are interleaved and every
+chunk re-reads the prompt's cached prefix for attention.
+
+What a serving engine does differently: it fuses a chunk and the streams' decode tokens into
+ONE forward pass (one read of the weights for both), while here they run back to back. The
+stall without chunking is the same; the chunked timeline here is slightly pessimistic.
+The long request's own decode after its prefill is not run: only the streams are timed.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import backend, sweeps
+from .errors import LabError
+from .kvcache import KVCache
+from .model import TritonOps
+
+# Sizes per device: a few seconds a run on a 2-core CPU; the chapter's scale on a GPU.
+SETTINGS = {
+    "cpu": {"model": "lab-cpu", "streams": 4, "context_tokens": 1024, "prompt_tokens": 4096,
+            "chunk_tokens": 512, "chunk_range": (128, 4096, 128)},
+    "cuda": {"model": "llama-3.1-8b", "streams": 16, "context_tokens": 4096, "prompt_tokens": 32768,
+             "chunk_tokens": 2048, "chunk_range": (512, 32768, 512)},
+}
+BEFORE_STEPS = 4  # decode steps before the prompt arrives: the streams' undisturbed ITL
+AFTER_STEPS = 3  # decode steps after its prefill is done
+WARMUP_TOKENS = 256  # an untimed prefill of this many tokens first (allocator, thread pool)
+
+
+@dataclass
+class Timeline:
+    """One measured run. Times in seconds from the first timed decode step's start."""
+
+    prompt_tokens: int
+    chunk_tokens: int  # == prompt_tokens: no chunking
+    streams: int
+    context_tokens: int
+    model: str
+    device: str
+    device_name: str
+    decode_end_s: list[float] = field(default_factory=list)  # when each decode step finished
+    chunk_spans_s: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each chunk
+
+    @property
+    def chunked(self) -> bool:
+        return self.chunk_tokens < self.prompt_tokens
+
+    def gaps_s(self) -> np.ndarray:
+        """Inter-token latency the streams saw: time between successive decode steps' ends."""
+        return np.diff(self.decode_end_s)
+
+    def summary(self) -> dict:
+        """Streams' ITL (undisturbed median, p99, max) and the long request's prefill: wall-clock
+        from its arrival to its last chunk's end (its TTFT), and the chunks' own time summed."""
+        gaps = self.gaps_s()
+        return {
+            "chunk_tokens": self.chunk_tokens, "chunked": self.chunked, "chunks": len(self.chunk_spans_s),
+            "prompt_tokens": self.prompt_tokens, "streams": self.streams, "context_tokens": self.context_tokens,
+            "model": self.model, "device": self.device, "device_name": self.device_name,
+            "itl_undisturbed_s": float(np.median(gaps[:BEFORE_STEPS - 1])),
+            "itl_p99_s": float(np.quantile(gaps, 0.99)), "itl_max_s": float(gaps.max()),
+            "prefill_wall_s": self.chunk_spans_s[-1][1] - self.chunk_spans_s[0][0],
+            "prefill_compute_s": float(sum(end - start for start, end in self.chunk_spans_s)),
+        }
+
+
+def settings(device: str) -> dict:
+    """Default sizes and the chunk slider's (low, high, step) for "cpu" or "cuda"."""
+    return SETTINGS[device]
+
+
+def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int = 1024,
+                 prompt_tokens: int = 4096, chunk_tokens: int | None = None, device: str | None = None,
+                 warmup: bool | None = None) -> Timeline:
+    """Run the timeline once and return it. `chunk_tokens` None (or >= the prompt) = no chunking.
+    `warmup` (default: on CUDA) runs it once untimed first, so Triton's autotuning for each
+    chunk shape is not timed; on the CPU one decode step and one chunk warm up instead."""
+    _check(streams, context_tokens, prompt_tokens, chunk_tokens)
+    built = sweeps.get_built_model(model, device)
+    chunk = min(chunk_tokens or prompt_tokens, prompt_tokens)
+    kind = built.device.type
+    if warmup if warmup is not None else kind == "cuda":
+        run_timeline(model, streams, context_tokens, prompt_tokens, chunk_tokens, device, warmup=False)
+    steps = BEFORE_STEPS + math.ceil(prompt_tokens / chunk) + AFTER_STEPS + 1
+    stream_cache, long_cache = _caches(built, streams, context_tokens, context_tokens + steps, prompt_tokens)
+    g = torch.Generator().manual_seed(0)
+    stream_tokens = torch.randint(0, built.spec.vocab_size, (streams,), generator=g).to(built.device)
+    prompt = torch.randint(0, built.spec.vocab_size, (prompt_tokens,), generator=g).to(built.device)
+    line = Timeline(prompt_tokens, chunk, streams, context_tokens, built.spec.name, kind, backend.device_name(kind))
+    saved = built.cache
+    try:
+        with _using(built, stream_cache):
+            built.decode_step(stream_tokens)  # warm-up, untimed
+        with _using(built, long_cache):
+            built.prefill_slot(0, prompt[:min(chunk, WARMUP_TOKENS)], start=0)  # warm-up, overwritten below
+        clock = _Clock(kind)
+
+        def decode():
+            with _using(built, stream_cache):
+                built.decode_step(stream_tokens)
+            line.decode_end_s.append(clock.now())
+
+        for _ in range(BEFORE_STEPS):
+            decode()
+        for start in range(0, prompt_tokens, chunk):
+            began = clock.now()
+            with _using(built, long_cache):
+                built.prefill_slot(0, prompt[start:start + chunk], start=start)
+            line.chunk_spans_s.append((began, clock.now()))
+            decode()
+        for _ in range(AFTER_STEPS):
+            decode()
+    finally:
+        built.cache = saved
+    return line
+
+
+def compare(chunk_tokens: int, **sizes) -> dict:
+    """Both timelines at the same sizes: {"unchunked": Timeline, "chunked": Timeline}."""
+    return {"unchunked": run_timeline(chunk_tokens=None, **sizes),
+            "chunked": run_timeline(chunk_tokens=chunk_tokens, **sizes)}
+
+
+def _caches(built, streams: int, context_tokens: int, capacity: int, prompt_tokens: int):
+    """The streams' cache (`capacity` positions a row, the first `context_tokens` filled with
+    random K/V) and the long request's own cache; KVCache checks each fits before allocating."""
+    dtype, triton = built.compute_dtype, built.ops is TritonOps
+    stream_cache = KVCache(built.spec, streams, capacity, dtype, built.device, use_triton=triton)
+    stream_cache.fill_random(context_tokens)
+    long_cache = KVCache(built.spec, 1, prompt_tokens, dtype, built.device, use_triton=triton)
+    return stream_cache, long_cache
+
+
+@contextlib.contextmanager
+def _using(built, cache):
+    """Point the model at `cache` for one call (streams and the long request keep separate
+    caches, as paged attention keeps each sequence's blocks apart)."""
+    built.cache = cache
+    yield
+
+
+class _Clock:
+    """Seconds since construction; on CUDA the GPU's queued work finishes first."""
+
+    def __init__(self, kind: str):
+        self.sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
+        self.sync()
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        self.sync()
+        return time.perf_counter() - self.start
+
+
+def _check(streams, context_tokens, prompt_tokens, chunk_tokens):
+    for name, value in (("streams", streams), ("context_tokens", context_tokens), ("prompt_tokens", prompt_tokens)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LabError(f"{name} must be a positive integer, got {value!r}")
+    if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+        raise LabError(f"chunk_tokens must be a positive integer or None, got {chunk_tokens!r}")
