@@ -1,0 +1,250 @@
+"""Check yourself: the chapter's questions as numbers a learner computes, checked by labkit.
+
+    print(quiz.check_ridge(295))        # "right: …" or what to reconsider
+    print(quiz.show_answer("ridge"))    # labkit's own arithmetic
+
+Every expected value is computed here from `roofline`, `specs`, `workloads` and `batching`
+(never typed in), with a relative tolerance wide enough for the chapter's rounding and for
+"about". A check never raises: None means "not answered yet", a wrong type or a non-finite
+number gets one line saying what was expected.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Callable
+
+from . import batching
+from . import roofline as r
+from . import workloads
+from .specs import get_gpu, get_model
+
+MODEL, GPU = "llama-3.1-8b", "H100-SXM"
+# The questions' inputs, named so the notebook and labkit.claims quote the same figures.
+PROMPT = 2000  # tokens, for the intensity question
+SHORT, LONG = 2048, 32768  # tokens, for the "sixteen times longer" question
+SCORES_TOKENS = 120_000  # tokens, for the score-matrix question
+STALL_PROMPT = 50_000  # tokens, the pasted document
+CONTEXT, BATCH = 8192, 64  # the loaded decode step
+LOGITS_PROMPT = 8192  # tokens, logits for every position
+BATCH_OUTPUTS = (5, 20, 150, 300, 2000)  # output lengths of one static batch
+
+
+@dataclass(frozen=True)
+class Question:
+    """One exercise: what to compute (`ask`), its unit, labkit's value and working, the relative
+    tolerance, and what to reconsider when an answer is off."""
+
+    ask: str
+    unit: str
+    expected: Callable[[], float]
+    working: Callable[[], str]
+    rel_tol: float
+    hint: str
+
+
+def _setting():
+    return get_model(MODEL), get_gpu(GPU)
+
+
+def _ridge():
+    return r.ridge_point_flops_per_byte(_setting()[1])
+
+
+def _intensity_gap():
+    m, _ = _setting()
+    return r.prefill_intensity_flops_per_byte(m, PROMPT) / r.decode_intensity_flops_per_byte(m, 1, 0)
+
+
+def _crossover():
+    return r.crossover_tokens(_setting()[0])
+
+
+def _prefill_s(tokens):
+    m, h = _setting()
+    return r.compute_time_s(r.prefill_flops(m, tokens), h, "bf16", r.CHAPTER_MFU)
+
+
+def _kv_kib():
+    return r.kv_bytes_per_token(_setting()[0]) / 2**10
+
+
+def _slowdown():
+    m, _ = _setting()
+    return r.decode_bytes_per_step(m, BATCH, CONTEXT) / r.weight_bytes(m)
+
+
+def _chat_decode_pct():
+    m, h = _setting()
+    return 100 * workloads.request_time_split(m, h, "chat", workloads.CHAPTER_BATCH)["decode_share"]
+
+
+def _explain(*lines):
+    return lambda: "\n".join(line() if callable(line) else line for line in lines)
+
+
+QUESTIONS: dict[str, Question] = {
+    "ridge": Question(
+        "the H100 SXM's ridge point in bf16", "FLOP/byte", _ridge,
+        _explain(lambda: f"peak / bandwidth = {_setting()[1].bf16_flops_per_s / 1e12:,.1f}e12 FLOP/s / "
+                         f"{_setting()[1].memory_bandwidth_bytes_per_s / 1e12:.2f}e12 B/s = {_ridge():,.0f} FLOP/byte"),
+        0.05, "divide the dense bf16 peak (FLOP/s) by the memory bandwidth (bytes/s); both in the same SI prefix"),
+    "intensity_gap": Question(
+        "prefill's intensity at the 2,000-token prompt divided by decode's at batch 1", "x", _intensity_gap,
+        _explain(lambda: f"prefill ≈ P = {PROMPT:,} FLOP/byte (labkit, with attention and the cache written: "
+                         f"{r.prefill_intensity_flops_per_byte(_setting()[0], PROMPT):,.0f}); decode ≈ B = 1; "
+                         f"ratio {_intensity_gap():,.0f}"),
+        0.10, "one read of the weights serves every prompt token in prefill, but one token per sequence in decode"),
+    "crossover": Question(
+        "the prompt length where attention's FLOPs equal the linear term's, Llama 3.1 8B", "tokens", _crossover,
+        _explain(lambda: f"2NP = 4LP²d  →  P = N / (2Ld) = {r.param_count(_setting()[0]):,} / "
+                         f"(2 × {_setting()[0].n_layers} × {_setting()[0].hidden_size:,}) = {_crossover():,.0f} tokens"),
+        0.03, "set 2NP equal to 4LP²d and solve for P; N counts all the parameters"),
+    "long_prompt_ratio": Question(
+        "how many times longer a 32,768-token prefill takes than a 2,048-token one", "x",
+        lambda: _prefill_s(LONG) / _prefill_s(SHORT),
+        _explain(lambda: f"(2N·{LONG:,} + 4L·{LONG:,}²·d) / (2N·{SHORT:,} + 4L·{SHORT:,}²·d) = "
+                         f"{_prefill_s(LONG) * 1e3:,.0f} ms / {_prefill_s(SHORT) * 1e3:,.0f} ms = "
+                         f"{_prefill_s(LONG) / _prefill_s(SHORT):.1f}"),
+        0.08, "the prompt is sixteen times longer, but the attention term grows with its square"),
+    "score_matrix_gb": Question(
+        "the bytes of one head's score matrix at 120,000 tokens in bf16, in GB", "GB",
+        lambda: r.score_matrix_bytes(SCORES_TOKENS) / 1e9,
+        _explain(lambda: f"{SCORES_TOKENS:,}² scores × 2 bytes = {r.score_matrix_bytes(SCORES_TOKENS) / 1e9:.1f} GB"),
+        0.05, "the matrix is P × P scores, each two bytes in bf16; 1 GB = 1e9 bytes"),
+    "stall_s": Question(
+        "how long a 50,000-token prefill holds an H100 at 40% of dense peak", "s", lambda: _prefill_s(STALL_PROMPT),
+        _explain(lambda: f"FLOPs = 2NP + 4LP²d = {r.prefill_flops(_setting()[0], STALL_PROMPT):.3g}; at "
+                         f"{r.CHAPTER_MFU:.0%} of {_setting()[1].bf16_flops_per_s:.3g} FLOP/s: "
+                         f"{_prefill_s(STALL_PROMPT):.1f} s (counting only the causal half of attention, "
+                         f"as a kernel does: less)"),
+        0.15, "at 50,000 tokens the attention term is larger than the linear one; divide by 40% of the peak"),
+    "kv_kib_per_token": Question(
+        "the KV-cache bytes one token adds for Llama 3.1 8B in bf16, in KiB", "KiB", _kv_kib,
+        _explain(lambda: f"2 (K and V) × {_setting()[0].n_layers} layers × {_setting()[0].n_kv_heads} kv heads × "
+                         f"{_setting()[0].head_dim} × 2 bytes = {r.kv_bytes_per_token(_setting()[0]):,} B = {_kv_kib():.0f} KiB"),
+        0.02, "K and V, for every layer and every key/value head (not every query head); 1 KiB = 1,024 bytes"),
+    "decode_slowdown": Question(
+        "how many times longer a decode step at 8,192 tokens and batch 64 takes than reading the weights alone",
+        "x", _slowdown,
+        _explain(lambda: f"(weights {r.weight_bytes(_setting()[0]) / 1e9:.2f} GB + cache "
+                         f"{r.kv_cache_bytes(_setting()[0], CONTEXT, BATCH) / 1e9:.1f} GB) / weights = {_slowdown():.1f}"),
+        0.05, "every step reads all the weights once and every sequence's whole cache"),
+    "compute_bound_batch": Question(
+        "the batch at which decode with 8-bit weights (bf16 arithmetic) reaches the ridge, short context",
+        "sequences", lambda: r.decode_compute_bound_batch(_setting()[0], _setting()[1], weight_dtype="fp8"),
+        _explain(lambda: f"intensity ≈ 2B FLOPs per weight / 1 byte = 2B; 2B = {_ridge():,.0f} → B ≈ "
+                         f"{r.decode_compute_bound_batch(_setting()[0], _setting()[1], weight_dtype='fp8'):,.0f}"),
+        0.10, "with one byte per weight, each sequence in the batch adds two FLOPs per byte read"),
+    "logits_gib": Question(
+        "the logits tensor (fp32) if an 8,192-token prefill scored every position, in GiB", "GiB",
+        lambda: r.logits_bytes(_setting()[0], LOGITS_PROMPT) / 2**30,
+        _explain(lambda: f"{LOGITS_PROMPT:,} positions × {_setting()[0].vocab_size:,} scores × 4 bytes = "
+                         f"{r.logits_bytes(_setting()[0], LOGITS_PROMPT) / 2**30:.1f} GiB"),
+        0.05, "one score per vocabulary entry per position, four bytes each; 1 GiB = 2³⁰ bytes"),
+    "chat_decode_pct": Question(
+        "the share of a chat request's time (2,000 in, 300 out, alone on an H100) spent in decode", "%",
+        _chat_decode_pct,
+        _explain(lambda: f"prefill ≈ 2NP / (40% peak); decode ≈ 299 steps × bytes per step / (75% bandwidth); "
+                         f"decode share = {_chat_decode_pct():.1f}%"),
+        0.04, "time prefill at 40% of peak FLOP/s and each decode step as one read of weights and cache"),
+    "static_utilisation_pct": Question(
+        "the slot utilisation of one static batch with the output lengths given", "%",
+        lambda: 100 * batching.static_utilisation_estimate(BATCH_OUTPUTS),
+        _explain(lambda: f"mean / max = {sum(BATCH_OUTPUTS) / len(BATCH_OUTPUTS):,.0f} / {max(BATCH_OUTPUTS):,} = "
+                         f"{100 * batching.static_utilisation_estimate(BATCH_OUTPUTS):.1f}%"),
+        0.05, "every slot is held until the longest request finishes; useful passes / held passes"),
+}
+
+
+def check(name: str, answer) -> str:
+    """One line of feedback on `answer` to question `name`; never raises."""
+    question = QUESTIONS.get(name)
+    if question is None:
+        return f"unknown question {name!r}; known: {', '.join(QUESTIONS)}"
+    if answer is None:
+        return f"{name}: not answered yet — compute {question.ask} ({question.unit})."
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
+        return f"{name}: expected a number in {question.unit}, got {type(answer).__name__} {answer!r}."
+    value = float(answer)
+    if not math.isfinite(value):
+        return f"{name}: expected a finite number in {question.unit}, got {value!r}."
+    expected = float(question.expected())
+    if abs(value - expected) <= question.rel_tol * abs(expected):
+        return f"{name}: right — {value:,.4g} {question.unit} (labkit computes {expected:,.4g})."
+    if value == 0 or (value > 0) != (expected > 0):
+        off = "has the wrong sign or is zero"
+    else:
+        ratio = value / expected
+        off = f"is {ratio:,.3g} times too large" if ratio > 1 else f"is {1 / ratio:,.3g} times too small"
+    return f"{name}: not yet — {value:,.4g} {question.unit} {off}. Reconsider: {question.hint}."
+
+
+def show_answer(name: str) -> str:
+    """Labkit's working for question `name`, the arithmetic written out."""
+    question = QUESTIONS.get(name)
+    if question is None:
+        return f"unknown question {name!r}; known: {', '.join(QUESTIONS)}"
+    return f"{name} ({question.ask}):\n  {question.working()}"
+
+
+# ---------------------------------------------------------------- one check function per question
+def check_ridge(answer) -> str:
+    """Feedback on question "ridge"."""
+    return check("ridge", answer)
+
+
+def check_intensity_gap(answer) -> str:
+    """Feedback on question "intensity_gap"."""
+    return check("intensity_gap", answer)
+
+
+def check_crossover(answer) -> str:
+    """Feedback on question "crossover"."""
+    return check("crossover", answer)
+
+
+def check_long_prompt_ratio(answer) -> str:
+    """Feedback on question "long_prompt_ratio"."""
+    return check("long_prompt_ratio", answer)
+
+
+def check_score_matrix_gb(answer) -> str:
+    """Feedback on question "score_matrix_gb"."""
+    return check("score_matrix_gb", answer)
+
+
+def check_stall_s(answer) -> str:
+    """Feedback on question "stall_s"."""
+    return check("stall_s", answer)
+
+
+def check_kv_kib_per_token(answer) -> str:
+    """Feedback on question "kv_kib_per_token"."""
+    return check("kv_kib_per_token", answer)
+
+
+def check_decode_slowdown(answer) -> str:
+    """Feedback on question "decode_slowdown"."""
+    return check("decode_slowdown", answer)
+
+
+def check_compute_bound_batch(answer) -> str:
+    """Feedback on question "compute_bound_batch"."""
+    return check("compute_bound_batch", answer)
+
+
+def check_logits_gib(answer) -> str:
+    """Feedback on question "logits_gib"."""
+    return check("logits_gib", answer)
+
+
+def check_chat_decode_pct(answer) -> str:
+    """Feedback on question "chat_decode_pct"."""
+    return check("chat_decode_pct", answer)
+
+
+def check_static_utilisation_pct(answer) -> str:
+    """Feedback on question "static_utilisation_pct"."""
+    return check("static_utilisation_pct", answer)
