@@ -104,6 +104,12 @@ def lesson_04() -> dict[str, str]:
         "batch_bf16": fmt(r.decode_compute_bound_batch(model, h100)),
         "batch_8bit": fmt(r.decode_compute_bound_batch(model, h100, weight_dtype="fp8")),
         "fp8_kv_kib_per_token": fmt(r.kv_bytes_per_token(model, "fp8") / 2**10),
+        # The chapter's own roundings and a figure it borrowed from prefill, named as such.
+        "tokens_alone_chapter": fmt(r.tokens_per_s_per_sequence(
+            r.memory_time_s(round(r.weight_bytes(model), -9), h100, eff))),
+        "weights_gb_rounded": fmt(round(r.weight_bytes(model), -9) / 1e9),
+        "batch_8bit_chapter": fmt(round(r.decode_compute_bound_batch(model, h100, weight_dtype="fp8"), -1)),
+        "prefill_share_at_chat_pct": fmt(100 * r.attention_share(model, 2000)),
     }
 
 

@@ -142,3 +142,279 @@ def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> wid
     return widgets.IntSlider(value=value, min=low, max=high, step=step, description=name,
                              continuous_update=False, style={"description_width": "initial"},
                              layout=widgets.Layout(width="420px"))
+
+
+# ---- lesson 02: prefill's two terms
+ATTENTION = dict(color="#ff7f0e")
+LINEAR = dict(color="#1f77b4")
+
+
+def prefill_terms_figure(terms: dict, title: str) -> go.Figure:
+    """`explore.prefill_terms` as stacked areas (linear below, attention on top) against P,
+    with the crossover marked."""
+    fig = go.Figure()
+    x = terms["prompt_tokens"]
+    fig.add_scatter(x=x, y=terms["linear_flops"], stackgroup="flops", line=LINEAR, name="linear term 2NP")
+    fig.add_scatter(x=x, y=terms["attention_flops"], stackgroup="flops", line=ATTENTION, name="attention term")
+    fig.add_vline(x=terms["crossover_tokens"], line=dict(dash="dot", color="#555"),
+                  annotation_text=f"crossover {terms['crossover_tokens']:,.0f}", annotation_position="top left")
+    fig.update_xaxes(title="prompt tokens P")
+    fig.update_yaxes(title="FLOPs of one prefill")
+    fig.update_layout(title=title, height=420, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def share_figure(curves: list[dict], title: str) -> go.FigureWidget:
+    """Attention's share of prefill FLOPs against P (log x), one line per model, each
+    crossover marked where the share reaches one half."""
+    fig = go.FigureWidget()
+    for curve in curves:
+        fig.add_scatter(x=curve["prompt_tokens"], y=curve["attention_share"], mode="lines", name=curve["model"])
+    fig.add_scatter(x=[c["crossover_tokens"] for c in curves], y=[0.5] * len(curves), mode="markers+text",
+                    text=[f"{c['crossover_tokens']:,.0f}" for c in curves], textposition="top left",
+                    marker=dict(size=10, color="#333"), name="crossover (attention = linear)")
+    fig.add_hline(y=0.5, line=dict(dash="dot", color="#999"))
+    fig.update_xaxes(type="log", title="prompt tokens P")
+    fig.update_yaxes(title="attention's share of prefill FLOPs", tickformat=".0%", range=[0, 1])
+    fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def set_share_curves(fig: go.FigureWidget, curves: list[dict]):
+    """Put new `explore.share_curves` into a `share_figure` (same models, same order)."""
+    with fig.batch_update():
+        for trace, curve in zip(fig.data, curves):
+            trace.y = curve["attention_share"]
+        fig.data[len(curves)].x = [c["crossover_tokens"] for c in curves]
+        fig.data[len(curves)].text = [f"{c['crossover_tokens']:,.0f}" for c in curves]
+
+
+class ToggleView:
+    """ToggleButtons above a figure: choosing an option calls `redraw(value)` once; any error
+    becomes one line under the figure."""
+
+    def __init__(self, description: str, options: dict, figure, redraw):
+        self.toggle = widgets.ToggleButtons(options=list(options.items()), description=description,
+                                            style={"description_width": "initial"})
+        self.figure, self.redraw, self.error = figure, redraw, ErrorLine()
+        self.toggle.observe(self.on_change, names="value")
+        self.widget = widgets.VBox([self.toggle, figure, self.error.widget])
+
+    def on_change(self, _change=None):
+        with self.error.guard():
+            self.redraw(self.toggle.value)
+            self.error.widget.value = ""
+
+
+def add_band(fig, x: list, low: list, high: list, low_name: str, band_name: str, row: int | None = None):
+    """A dashed line at `low` and the area between it and `high` shaded (e.g. linear-only
+    prediction and the attention term's extra time above it). Appended: existing traces keep
+    their indices, so a SliderLab's measured traces still update."""
+    where = dict(row=row, col=1) if row else {}
+    fig.add_scatter(x=x, y=low, mode="lines", line=dict(dash="dash", **LINEAR), name=low_name, **where)
+    fig.add_scatter(x=x, y=high, mode="lines", line=dict(width=0), fill="tonexty",
+                    fillcolor="rgba(255,127,14,0.25)", name=band_name, **where)
+
+
+def add_recorded(fig, series: list[dict], row: int | None = None):
+    """Markers for `explore.recorded_series`, each labelled with its hardware and date."""
+    where = dict(row=row, col=1) if row else {}
+    for s in series:
+        fig.add_scatter(x=s["x"], y=s["y"], mode="markers+lines", line=dict(dash="dot"),
+                        marker=dict(symbol="diamond", size=9), name=s["label"], **where)
+
+
+def cost_bars_figure(table: dict, title: str) -> go.Figure:
+    """`explore.prefill_cost_table` as stacked bars (linear, attention) per prompt, each
+    labelled with its time ratio to the first prompt beside the token ratio."""
+    names = [f"{p:,}" for p in table["prompt_tokens"]]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=table["linear_s"], marker=LINEAR, name="linear term")
+    fig.add_bar(x=names, y=table["attention_s"], marker=ATTENTION, name="attention term",
+                text=[f"{t:.1f}× the time, {n:.0f}× the tokens" for t, n in zip(table["time_ratio"], table["token_ratio"])],
+                textposition="outside")
+    fig.update_layout(barmode="stack", title=title, height=440, legend=dict(orientation="h", y=-0.2))
+    fig.update_xaxes(title="prompt tokens P", type="category")
+    fig.update_yaxes(title="compute time (s)")
+    return fig
+
+
+# ---- lesson 03: FlashAttention
+def error_histogram_figure(results: list[dict], title: str) -> go.Figure:
+    """One histogram per `attention.compare_with_reference` result: |flash - naive| per output
+    element (log counts), its max and mean in the panel's title."""
+    fig = make_subplots(rows=1, cols=len(results), subplot_titles=[
+        f"{res['dtype']}: max {res['max_abs_error']:.1e}, mean {res['mean_abs_error']:.1e}" for res in results])
+    for i, res in enumerate(results, start=1):
+        fig.add_histogram(x=res["abs_errors"], nbinsx=40, marker=MEASURED, showlegend=False, row=1, col=i)
+        fig.update_xaxes(title="|flash − naive|", exponentformat="e", row=1, col=i)
+        fig.update_yaxes(type="log", title="output elements" if i == 1 else None, row=1, col=i)
+    fig.update_layout(title=title, height=380, bargap=0.05)
+    return fig
+
+
+def memory_figure(series: dict, limit_bytes: float, title: str) -> go.Figure:
+    """`explore.memory_series`: naive attention's predicted footprint (line), measured peaks of
+    naive and flash (points), the memory limit, and where a size was refused."""
+    gib = 2**30
+    fig = go.Figure()
+    pred = series["predicted"]
+    fig.add_scatter(x=pred["tokens"], y=[b / gib for b in pred["bytes"]], mode="lines", line=PREDICTED,
+                    name="naive, predicted (two P×P fp32 matrices per head)")
+    for method, style in (("naive", MEASURED), ("flash", dict(color="#2ca02c"))):
+        fig.add_scatter(x=series[method]["tokens"], y=[b / gib for b in series[method]["peak_bytes"]],
+                        mode="markers+lines", marker=dict(size=10, **style), line=style,
+                        name=f"{method}, measured on {series['device_name']}")
+    fig.add_hline(y=limit_bytes / gib, line=dict(dash="dot", color="#b00"),
+                  annotation_text=f"limit {limit_bytes / gib:,.1f} GiB", annotation_position="bottom right")
+    refused = series["refused"]
+    fig.add_scatter(x=[r["tokens"] for r in refused], y=[limit_bytes / gib] * len(refused), mode="markers",
+                    marker=dict(symbol="x", size=14, color="#b00"), name="refused before allocating",
+                    hovertext=[r["message"] for r in refused])
+    fig.update_xaxes(type="log", title="sequence length P = S")
+    fig.update_yaxes(type="log", title="peak memory (GiB)", exponentformat="power")
+    fig.update_layout(title=title, height=460, legend=dict(orientation="h", y=-0.22))
+    return fig
+
+
+def traffic_figure(traffic: dict, title: str) -> go.Figure:
+    """`explore.attention_traffic`: bytes moved against P for naive and flash (worst, best)."""
+    fig = go.Figure()
+    x = traffic["prompt_tokens"]
+    for key, name, style in (("naive_bytes", "naive: scores written and read back", MEASURED),
+                             ("flash_worst_bytes", "flash, K and V re-read for every query tile", dict(color="#2ca02c", dash="dash")),
+                             ("flash_best_bytes", "flash, K and V read once", dict(color="#2ca02c"))):
+        fig.add_scatter(x=x, y=[b / 1e9 for b in traffic[key]], mode="lines", line=style, name=name)
+    fig.update_xaxes(type="log", title="sequence length P = S")
+    fig.update_yaxes(type="log", title="bytes moved, one layer (GB)", exponentformat="power")
+    fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.22))
+    return fig
+
+
+# ---- lesson 04: decode and the cache read
+REGIME_COLOURS = {"weights-dominated": "rgba(31,119,180,0.15)", "mixed": "rgba(150,150,150,0.15)",
+                  "cache-dominated": "rgba(214,39,40,0.15)"}
+
+
+def _shade_regimes(fig, bands: list[dict], axis: str = "x", **where):
+    """Shade the three regimes of `explore.regime_bands` along the cache-share `axis`."""
+    for band in bands:
+        span = dict(x0=band["from"], x1=band["to"]) if axis == "x" else dict(y0=band["from"], y1=band["to"])
+        add = fig.add_vrect if axis == "x" else fig.add_hrect
+        add(**span, fillcolor=REGIME_COLOURS[band["regime"]], line_width=0, annotation_text=band["regime"],
+            annotation_position="top left", **where)
+
+
+def decode_readout_figure(bands: list[dict]) -> go.FigureWidget:
+    """Three panels for one decode measurement: step time and tokens/s (measured beside
+    predicted), and the cache's share of the step's read against the three regimes."""
+    fig = go.FigureWidget(make_subplots(rows=1, cols=3, column_widths=[0.22, 0.22, 0.56], horizontal_spacing=0.09,
+                                        subplot_titles=["step time (ms)", "tokens/s", "the cache's share of one step's read"]))
+    for col in (1, 2):
+        fig.add_bar(x=["measured", "predicted"], y=[0, 0], marker=dict(color=[MEASURED["color"], PREDICTED["color"]]),
+                    texttemplate="%{y:,.3~g}", textposition="outside", showlegend=False, row=1, col=col)
+    fig.add_bar(x=[0], y=[""], orientation="h", marker=dict(color="#333"), width=0.3, text=[""],
+                textposition="outside", showlegend=False, row=1, col=3)
+    _shade_regimes(fig, bands, row=1, col=3)
+    fig.update_xaxes(range=[0, 1], tickformat=".0%", row=1, col=3)
+    fig.update_layout(height=340, margin=dict(t=80))
+    return fig
+
+
+def set_decode_readout(fig: go.FigureWidget, readout: dict):
+    """Put an `explore.decode_readout` into a `decode_readout_figure`."""
+    gb = 1e9
+    with fig.batch_update():
+        fig.data[0].y = readout["time_ms"]
+        fig.data[1].y = readout["tokens_per_s"]
+        fig.data[2].x = [readout["cache_share"]]
+        fig.data[2].text = [f"{readout['cache_share']:.0%} ({readout['cache_bytes'] / gb:.3g} of "
+                            f"{(readout['weights_bytes'] + readout['cache_bytes']) / gb:.3g} GB): {readout['regime']}"]
+        fig.layout.title = readout["label"]
+
+
+class MeasureLab:
+    """Controls (sliders, toggle buttons) that re-run one real measurement when released and
+    redraw one figure: `measure(**values) -> record`, then `draw(figure, record)`."""
+
+    def __init__(self, controls: dict, measure, figure, draw):
+        self.controls, self.measure, self.figure, self.draw = controls, measure, figure, draw
+        self.records: list[dict] = []
+        self.error = ErrorLine()
+        for control in controls.values():
+            if hasattr(control, "continuous_update"):
+                control.continuous_update = False
+            control.observe(self.on_change, names="value")
+        self.widget = widgets.VBox([widgets.HBox(list(controls.values())), figure, self.error.widget])
+
+    def values(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def on_change(self, _change=None):
+        """Measure once at the controls' values and redraw; errors become one line."""
+        self.error.status(f"measuring {self.values()} …")
+        with self.error.guard():
+            self.records.append(self.measure(**self.values()))
+            self.draw(self.figure, self.records[-1])
+            self.error.status(f"measured on {self.records[-1].get('device_name', self.records[-1]['device'])}")
+
+
+def toggle(name: str, options: list, value=None) -> widgets.ToggleButtons:
+    """Toggle buttons (a choice fires once per click)."""
+    return widgets.ToggleButtons(options=options, value=value or options[0], description=name,
+                                 style={"description_width": "initial", "button_width": "60px"})
+
+
+def draw_decode(fig: go.FigureWidget, record: dict):
+    """`MeasureLab` draw for decode: one `sweeps.measure_decode` record into the readout."""
+    set_decode_readout(fig, explore.decode_readout(record))
+
+
+def cache_share_figure(curves: list[dict], bands: list[dict], marks: list[dict], title: str) -> go.Figure:
+    """`explore.cache_share_curves` against context (log x) over the shaded regimes, with
+    `marks` ({"context_tokens", "cache_share", "label"}) pointed out."""
+    fig = go.Figure()
+    for curve in curves:
+        fig.add_scatter(x=curve["context_tokens"], y=curve["cache_share"], mode="lines", name=f"batch {curve['batch']}")
+    fig.add_scatter(x=[m["context_tokens"] for m in marks], y=[m["cache_share"] for m in marks], mode="markers+text",
+                    text=[m["label"] for m in marks], textposition="middle left", marker=dict(size=10, color="#333"),
+                    name="the chapter's settings")
+    _shade_regimes(fig, bands, axis="y")
+    fig.update_xaxes(type="log", title="context S (tokens per sequence)")
+    fig.update_yaxes(title="cache's share of one decode step's read", tickformat=".0%", range=[0, 1])
+    fig.update_layout(title=title, height=460, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
+    """`explore.throughput_prediction` (line, compute-bound batch marked) and
+    `explore.throughput_series` (measured points) against batch."""
+    fig = go.Figure()
+    fig.add_scatter(x=predicted["batch"], y=predicted["tokens_per_s"], mode="lines", line=PREDICTED,
+                    name="predicted (calibrated roofline)")
+    fig.add_scatter(x=measured["batch"], y=measured["tokens_per_s"], mode="markers+lines", marker=dict(size=10, **MEASURED),
+                    line=MEASURED, name=f"measured on {measured['device_name']}")
+    if predicted["compute_bound_batch"] is not None:
+        fig.add_vline(x=predicted["compute_bound_batch"], line=dict(dash="dot", color="#555"),
+                      annotation_text=f"compute-bound from B ≈ {predicted['compute_bound_batch']:,.0f}")
+    fig.update_xaxes(title="batch B")
+    fig.update_yaxes(title="tokens/s (B ÷ step time)", rangemode="tozero")
+    fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def progress(total: int, description: str = "measuring"):
+    """An IntProgress bar and a `progress(done, total)` callback that moves it (for sweeps)."""
+    bar = widgets.IntProgress(value=0, min=0, max=total, description=description)
+
+    def advance(done, _total):
+        bar.value = done
+    return bar, advance
+
+
+def table(rows: list[dict]) -> widgets.HTML:
+    """A list of flat dicts as an HTML table (keys as the header)."""
+    head = "".join(f"<th style='text-align:left'>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(v))}</td>" for v in row.values())
+                   + "</tr>" for row in rows)
+    return widgets.HTML(f"<table><tr>{head}</tr>{body}</table>")

@@ -1,0 +1,117 @@
+"""Chart data for lessons 02-04: plain lists from roofline, recordings turned into labelled series."""
+import json
+
+import pytest
+
+from labkit import explore
+from labkit import roofline as r
+from labkit.recordings import load_recordings, write_recording
+from labkit.specs import get_gpu, get_model
+
+EIGHT_B, H100 = get_model("llama-3.1-8b"), get_gpu("H100-SXM")
+
+
+def test_prefill_terms_cross_where_roofline_says():
+    terms = explore.prefill_terms(EIGHT_B, [2000, 30633, 32768])
+    assert terms["crossover_tokens"] == pytest.approx(r.crossover_tokens(EIGHT_B))
+    assert terms["attention_share"][0] == pytest.approx(r.attention_share(EIGHT_B, 2000))
+    assert terms["attention_share"][1] == pytest.approx(0.5, abs=1e-4)
+
+
+def test_causal_counting_moves_every_crossover_out():
+    full = explore.share_curves([EIGHT_B, get_model("llama-3.1-70b")], [1024])
+    causal = explore.share_curves([EIGHT_B, get_model("llama-3.1-70b")], [1024], r.Counting("causal", "all"))
+    assert all(c["crossover_tokens"] > f["crossover_tokens"] for f, c in zip(full, causal))
+
+
+def test_split_prediction_gap_is_the_attention_term():
+    split = explore.prefill_split_prediction(EIGHT_B, H100, [128, 32768], "bf16")
+    assert split["linear_only_s"][0] <= split["predicted_time_s"][0]
+    assert split["predicted_time_s"][1] / split["linear_only_s"][1] > 1.5
+
+
+def test_cost_table_reproduces_the_31x():
+    table = explore.prefill_cost_table(EIGHT_B, H100, [2048, 32768])
+    assert round(table["time_ratio"][1]) == 31 and table["token_ratio"][1] == 16
+    assert table["total_s"][0] == pytest.approx(0.089, abs=5e-4)
+
+
+def test_growth_reads_the_ends_of_a_sweep():
+    predicted = {"prompt_tokens": [100, 200], "predicted_time_s": [1.0, 3.0], "linear_only_s": [1.0, 2.0]}
+    records = [{"prompt_tokens": 200, "time_s": 4.0, "device": "cpu"}, {"prompt_tokens": 100, "time_s": 1.0, "device": "cpu"}]
+    g = explore.growth(records, "prompt_tokens", predicted)
+    assert (g["x_ratio"], g["measured_ratio"], g["predicted_ratio"], g["linear_only_ratio"]) == (2, 4, 3, 2)
+
+
+def _recording(device_name="NVIDIA H200", date="2026-01-02T03:04:05+00:00", dry_run=False):
+    return {"provenance": {"device": "cuda", "device_name": device_name, "date": date}, "phase": "prefill",
+            "dry_run": dry_run, "points": [
+                {"step": "prefill P=4096", "model": "llama-3.1-8b", "prompt_tokens": 4096, "time_s": 0.4},
+                {"step": "prefill P=1024", "model": "llama-3.1-8b", "prompt_tokens": 1024, "time_s": 0.1},
+                {"step": "prefill P=65536", "skipped": "does not fit"},
+                {"step": "prefill P=2048", "error": "boom", "passed": False}]}
+
+
+def test_recorded_series_from_a_written_recording(tmp_path):
+    write_recording(tmp_path, "prefill_sweep-h200", _recording())
+    write_recording(tmp_path, "decode_sweep-h200", {**_recording(), "phase": "decode"})
+    series = explore.recorded_series(load_recordings(tmp_path, phase="prefill"), "prompt_tokens", model="llama-3.1-8b")
+    assert len(series) == 1
+    assert series[0]["x"] == [1024, 4096] and series[0]["y"] == [0.1, 0.4]
+    assert series[0]["label"] == "recorded: NVIDIA H200, 2026-01-02"
+    assert series[0]["path"].endswith("prefill_sweep-h200.json")
+
+
+def test_recorded_series_handles_no_recordings_dry_runs_and_filters(tmp_path):
+    assert explore.recorded_series(load_recordings(tmp_path / "none", phase="prefill"), "prompt_tokens") == []
+    write_recording(tmp_path, "dry", _recording(dry_run=True))
+    assert explore.recorded_series(load_recordings(tmp_path), "prompt_tokens") == []
+    assert len(explore.recorded_series(load_recordings(tmp_path), "prompt_tokens", include_dry_runs=True)) == 1
+    assert explore.recorded_series(load_recordings(tmp_path), "prompt_tokens", include_dry_runs=True, model="x") == []
+
+
+def test_attention_traffic_orders_naive_above_flash():
+    t = explore.attention_traffic([1024, 32768], 32, 8, 128)
+    assert all(n > w > b for n, w, b in zip(t["naive_bytes"], t["flash_worst_bytes"], t["flash_best_bytes"]))
+
+
+def test_memory_series_splits_methods_and_refusals():
+    points = [{"method": "naive", "tokens": 8, "peak_bytes": 600, "device_name": "cpu x"},
+              {"method": "flash", "tokens": 8, "peak_bytes": 10, "device_name": "cpu x"},
+              {"method": "naive", "tokens": 16, "refused": "too big", "device": "cpu"}]
+    s = explore.memory_series(points, 2, [8, 16])
+    assert s["naive"] == {"tokens": [8], "peak_bytes": [600]} and s["flash"]["peak_bytes"] == [10]
+    assert s["predicted"]["bytes"] == [2 * 2 * 64 * 4, 2 * 2 * 256 * 4]
+    assert s["refused"] == [{"method": "naive", "tokens": 16, "message": "too big"}] and s["device_name"] == "cpu x"
+
+
+def test_decode_readout_splits_the_read():
+    rec = {"time_s": 0.02, "predicted_time_s": 0.01, "tokens_per_s": 200.0, "batch": 4, "bytes": 1000,
+           "cache_share": 0.25, "regime": "mixed", "context_tokens": 1024, "cache_dtype": "int8", "device": "cpu"}
+    out = explore.decode_readout(rec)
+    assert out["time_ms"] == [20.0, 10.0] and out["tokens_per_s"] == [200.0, 400.0]
+    assert (out["weights_bytes"], out["cache_bytes"]) == (750, 250)
+
+
+def test_regime_bands_cover_zero_to_one_at_roofline_bounds():
+    bands = explore.regime_bands()
+    assert [b["regime"] for b in bands] == ["weights-dominated", "mixed", "cache-dominated"]
+    assert (bands[0]["from"], bands[0]["to"], bands[2]["from"], bands[2]["to"]) == (0, 0.15, 0.7, 1)
+
+
+def test_cache_share_curves_match_the_chapter_points():
+    curves = explore.cache_share_curves(EIGHT_B, [2000, 131072], [1])
+    assert curves[0]["cache_share"][1] == pytest.approx(r.cache_share(EIGHT_B, 1, 131072))
+
+
+def test_throughput_prediction_flattens_past_the_compute_bound_batch():
+    p = explore.throughput_prediction(EIGHT_B, H100, [1, 64, 512, 1024], 0, "bf16", "bf16", r.CHAPTER)
+    assert p["compute_bound_batch"] == pytest.approx(r.decode_compute_bound_batch(EIGHT_B, H100))
+    assert p["tokens_per_s"][3] == pytest.approx(p["tokens_per_s"][2])  # compute-bound: flat
+    assert p["tokens_per_s"][1] == pytest.approx(64 * p["tokens_per_s"][0])  # bandwidth-bound: free
+
+
+def test_chapter_choices_name_the_hidden_assumptions():
+    rows = explore.chapter_decode_choices(EIGHT_B, H100)
+    text = json.dumps(rows)
+    assert "156.4" in text and "157.0" in text and "148" in text and "1.6%" in text and "6.1%" in text
