@@ -183,7 +183,7 @@ def _check_scales(k_cache, k_scale, v_scale):
             raise ValueError(f"decode_attention: {name} on {sc.device} but k_cache on {k_cache.device}")
 
 
-def _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale):
+def _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale, check_lengths=True):
     if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.dtype not in _Q_DTYPES:
         got = f"{q.dtype} {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"decode_attention: q must be [B, H, D] of bf16, fp16 or fp32; got {got}")
@@ -212,7 +212,7 @@ def _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale):
             raise ValueError(f"decode_attention: {name} on {t.device} but q on {q.device}")
     _check_scales(k_cache, k_scale, v_scale)
     # One host sync to catch out-of-range lengths, which would read past the cache otherwise.
-    if bool(((lengths < 1) | (lengths > S_max)).any()):
+    if check_lengths and bool(((lengths < 1) | (lengths > S_max)).any()):
         raise ValueError(f"decode_attention: lengths must lie in [1, S_max={S_max}]; got min "
                          f"{int(lengths.min())}, max {int(lengths.max())}")
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -220,13 +220,18 @@ def _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale):
                          "CUDA tensors or TRITON_INTERPRET=1 set before triton is imported")
 
 
-def decode_attention(q, k_cache, v_cache, lengths, k_scale=None, v_scale=None, num_splits=None):
+def decode_attention(q, k_cache, v_cache, lengths, k_scale=None, v_scale=None, num_splits=None,
+                     check_lengths: bool = True):
     """o [B, H, D]: q [B, H, D] attends to the first lengths[b] positions of its cache rows.
 
     Caches are bf16/fp16/fp32 (scales None), int8 (fp32 scales [B, Hkv, S_max]) or fp8 e4m3
     (0-dim fp32 scales). num_splits=None uses default_num_splits(). Output has q's dtype.
+    check_lengths=True checks 1 <= lengths <= S_max, which reads lengths back from the device (a
+    host sync); a caller that tracks lengths on the host and checks them itself (the model's
+    KVCache, once per layer and decode step) passes False. Lengths out of range then read
+    past the cache.
     """
-    _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale)
+    _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale, check_lengths)
     B, H, D = q.shape
     Hkv, S_max = k_cache.shape[1], k_cache.shape[2]
     if num_splits is None:

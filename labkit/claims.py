@@ -65,6 +65,7 @@ def lesson_02() -> dict[str, str]:
         "h100_peak_tflops": fmt(h100.bf16_flops_per_s / 1e12),
         "t_short_ms": fmt(1000 * t_short), "t_long_s": fmt(t_long, 1),
         "ratio": fmt(t_long / t_short), "naive_ratio": fmt(long / short),
+        "square_ratio": fmt((long / short) ** 2),
     }
 
 

@@ -256,3 +256,11 @@ def chapter_decode_choices(model: ModelSpec, hardware: HardwareSpec) -> list[dic
          "recomputed": f"decode cache share {r.cache_share(model, 1, 2000):.1%}; "
                        f"prefill attention share {r.attention_share(model, 2000):.1%}"},
     ]
+
+
+# ---- lesson 02 (continued)
+def spread(low: int, high: int, step: int, count: int) -> list[int]:
+    """`count` values from `low` to `high`, evenly spaced and snapped to the slider's `step`."""
+    if count < 2:
+        return [high]
+    return sorted({low + round((high - low) * i / (count - 1) / step) * step for i in range(count)})

@@ -61,6 +61,7 @@ class KVCache:
             self.k_scale = torch.ones(spec.n_layers, dtype=torch.float32, device=device)
             self.v_scale = torch.ones(spec.n_layers, dtype=torch.float32, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
+        self._steps = torch.zeros(batch, dtype=torch.int32, device=device)  # 1 per active row: advance()
         self._rows = torch.arange(batch, device=device)  # row indices for decode's scattered writes
         self.host_lengths = [0] * batch
         self.active = [False] * batch
@@ -70,7 +71,8 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions, rows=slice(None)):
         """Quantise and store new keys/values k, v [b, Hkv, T, dh] for cache rows `rows`.
 
-        `positions` an int: all rows write positions positions .. positions + T - 1 (prefill).
+        `positions` an int: all rows write positions positions .. positions + T - 1 (prefill,
+        and decode when every row holds the same number of tokens: one slice copy).
         `positions` an int tensor [b]: row i writes its one token (T = 1) at positions[i] (decode,
         where sequences have different lengths)."""
         for buf, scales, new in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
@@ -93,6 +95,7 @@ class KVCache:
         Host and device copies are set together."""
         index = range(self.batch)[rows]
         values = [lengths] * len(index) if isinstance(lengths, int) else list(lengths)
+        was_active = list(self.active)
         for i, n in zip(index, values):
             if not 0 <= n <= self.max_tokens:
                 raise LabError(f"length {n} outside the cache's 0 .. {self.max_tokens} positions")
@@ -101,14 +104,14 @@ class KVCache:
             self.lengths.fill_(lengths)  # no host-to-device copy: cheap inside a timed loop
         else:
             self.lengths.copy_(torch.tensor(self.host_lengths, dtype=torch.int32))
+        if self.active != was_active:  # rarely: a sequence starts or ends
+            self._steps.copy_(torch.tensor(self.active, dtype=torch.int32))
 
     def advance(self):
-        """Count one decoded token in every active row (free rows stay at 0)."""
-        if all(self.active):
-            self.lengths += 1
-            self.host_lengths = [n + 1 for n in self.host_lengths]
-        else:
-            self.set_lengths([n + a for n, a in zip(self.host_lengths, self.active)], active=None)
+        """Count one decoded token in every active row (free rows stay at 0). Device work only:
+        no host-to-device copy, so a decode step never waits for the device here."""
+        self.lengths += 1 if all(self.active) else self._steps
+        self.host_lengths = [n + a for n, a in zip(self.host_lengths, self.active)]
 
     def reset_sequence(self, row: int):
         """Free slot `row` for a new request (continuous batching). Old values stay but are unread."""
@@ -166,8 +169,9 @@ class KVCache:
         return sum(self.host_lengths) * self.bytes_per_token()
 
     def nbytes(self) -> int:
-        """Everything allocated: values plus scales (int8 per token, fp8 per layer) and lengths."""
-        tensors = [self.k, self.v, self.k_scale, self.v_scale, self.lengths]
+        """Everything allocated: values plus scales (int8 per token, fp8 per layer), the lengths
+        and the per-row steps `advance` adds."""
+        tensors = [self.k, self.v, self.k_scale, self.v_scale, self.lengths, self._steps]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 

@@ -42,6 +42,68 @@ COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.f
 DECODE_CHUNK_BYTES = 2 << 20
 
 
+# ------------------------------------------------------------------ CPU matmuls: numpy's OpenBLAS
+# A small product (a decode step's layer matrices on lab-cpu: 0.25-1.5 MiB, a few rows) runs on
+# one thread: splitting a ~20 us product over two threads costs more in wake-ups than it saves,
+# and on a busy 2-core machine a descheduled second thread stalled such calls for 4-16 ms (a
+# scheduler tick). Larger weights (the 48 MiB head) need every core to stream at the memory's
+# rate, and prefill's products (thousands of rows) every core's FLOPs.
+SINGLE_THREAD_WEIGHT_BYTES = 4 << 20
+SINGLE_THREAD_FLOPS = 1 << 24  # ~0.3 ms on one core
+
+
+def _find_openblas_threads():
+    """(set_threads, max_threads) for numpy's bundled OpenBLAS through ctypes, or None when this
+    numpy has none (then OpenBLAS keeps its own thread count; results are the same)."""
+    import ctypes
+    import glob
+    import os
+    here = os.path.dirname(np.__file__)
+    for path in glob.glob(here + ".libs/*openblas*") + glob.glob(os.path.join(here, ".dylibs", "*openblas*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix in ("scipy_openblas", "openblas"):
+            for suffix in ("64_", ""):
+                setter = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                getter = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                if setter is not None and getter is not None:
+                    setter.argtypes = [ctypes.c_int]
+                    return setter, int(getter())
+    return None
+
+
+class _BlasThreads:
+    """Sets numpy's OpenBLAS thread count per product, calling into OpenBLAS only on a change."""
+
+    def __init__(self):
+        self.found = None  # (setter, max threads), looked up on first use; False if none
+        self.current = None
+
+    def use(self, threads: int | None):
+        """`threads` for the next products; None = all that OpenBLAS started with."""
+        if self.found is None:
+            self.found = _find_openblas_threads() or False
+            self.current = self.found[1] if self.found else None
+        if self.found:
+            want = self.found[1] if threads is None else min(threads, self.found[1])
+            if want != self.current:
+                self.found[0](want)
+                self.current = want
+
+
+BLAS_THREADS = _BlasThreads()
+
+
+def blas_matmul(a, b):
+    """a [M, K] @ b [K, N] with numpy (OpenBLAS), fp32 arrays -> a new [M, N] array; one
+    thread for a small product (see SINGLE_THREAD_WEIGHT_BYTES), all of them otherwise."""
+    small = b.nbytes <= SINGLE_THREAD_WEIGHT_BYTES and 2 * a.shape[0] * b.size <= SINGLE_THREAD_FLOPS
+    BLAS_THREADS.use(1 if small else None)
+    return np.matmul(a, b)
+
+
 # ------------------------------------------------------------------ ops: one function per operation
 class TorchOps:
     """CPU path: torch matmuls, SDPA for prefill, a chunked online-softmax decode attention."""
@@ -57,7 +119,7 @@ class TorchOps:
         wt = w.t()  # [in, out], a view
         if x.dtype == torch.float32 and x.device.type == "cpu" and wt.is_contiguous():
             rows = x.reshape(-1, x.shape[-1]).contiguous()
-            return torch.from_numpy(np.matmul(rows.numpy(), wt.numpy())).view(*x.shape[:-1], w.shape[0])
+            return torch.from_numpy(blas_matmul(rows.numpy(), wt.numpy())).view(*x.shape[:-1], w.shape[0])
         return F.linear(x, w)
 
     @staticmethod
@@ -98,7 +160,10 @@ class TritonOps:
     def decode_attention(q, cache, layer, lengths, max_length, mixed):
         from kernels.decode_attention import decode_attention
         k_scale, v_scale = cache.layer_scales(layer)
-        return decode_attention(q, cache.k[layer], cache.v[layer], lengths, k_scale, v_scale)
+        # KVCache validates lengths on the host; checking them here would sync with the device
+        # once per layer and step.
+        return decode_attention(q, cache.k[layer], cache.v[layer], lengths, k_scale, v_scale,
+                                check_lengths=False)
 
 
 OPS = {"torch": TorchOps, "triton": TritonOps}
@@ -181,7 +246,10 @@ def upcast(x):
 
 # ------------------------------------------------------------------ small pieces
 def rms_norm(x, weight, eps):
-    """x / rms(x) * weight, computed in fp32 (as Llama does) and cast back."""
+    """x / rms(x) * weight, computed in fp32 (as Llama does) and cast back. In fp32 this is
+    torch's fused rms_norm: one op instead of six, which counts in a decode step of ~100 ops."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
@@ -189,20 +257,25 @@ def rms_norm(x, weight, eps):
 def rope_angles(positions, head_dim, theta):
     """(cos, sin) of the rotary angles, once per forward pass and shared by every layer.
 
-    positions [T] or [B, T] (absolute, int) -> cos, sin [T, dh/2] or [B, 1, T, dh/2], fp32."""
+    positions [T] or [B, T] (absolute, int) -> cos, sin [T, 1, 2, dh/2] or [B, T, 1, 2, dh/2]
+    in fp32, laid out for `apply_rope` on x [B, T, heads, dh] viewed as [B, T, heads, 2, dh/2]:
+    cos is (cos, cos) and sin is (-sin, +sin) over the two halves."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     angles = positions.float()[..., None] * inv_freq  # [T, dh/2] or [B, T, dh/2]
-    if angles.dim() == 3:
-        angles = angles[:, None]  # [B, 1, T, dh/2]: broadcast over heads
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos()[..., None, None, :], angles.sin()[..., None, None, :]  # [.., T, 1, 1, dh/2]
+    return torch.cat((cos, cos), dim=-2), torch.cat((-sin, sin), dim=-2)
 
 
 def apply_rope(x, cos, sin):
-    """Rotary embedding, Hugging Face Llama layout (pairs are (i, i + dh/2)), in fp32.
+    """Rotary embedding, Hugging Face Llama layout (pairs are (i, i + dh/2)), in fp32:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), i.e. x * (cos, cos) + swap(x) * (-sin, sin)
+    with swap(x1, x2) = (x2, x1): three ops for q and k of every head at once.
 
-    x [B, heads, T, dh]; cos, sin from `rope_angles`."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    x [B, T, heads, dh]; cos, sin from `rope_angles`. Returns a new [B, T, heads, dh] tensor."""
+    B, T, n, dh = x.shape
+    halves = x.float().reshape(B, T, n, 2, dh // 2)
+    out = torch.addcmul(halves * cos, halves.flip(-2), sin)
+    return out.view(B, T, n, dh).to(x.dtype)
 
 
 def _param(generator, shape, std, dtype, device, linear=True):
@@ -302,14 +375,14 @@ class Llama(nn.Module):
 
     # -------------------------------------------------------------- shared pieces of a layer
     def _qkv(self, layer, x, rope):
-        """x [B, T, d] -> q [B, H, T, dh], k, v [B, Hkv, T, dh], with RoPE (cos, sin) on q and k."""
+        """x [B, T, d] -> q [B, H, T, dh], k, v [B, Hkv, T, dh] (views), with RoPE (cos, sin)
+        applied to q and k together."""
         s, (B, T, _) = self.spec, x.shape
         qkv = self.ops.linear(rms_norm(x, layer.attn_norm, s.norm_eps), layer.wqkv)  # [B, T, q + 2 kv]
-        q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
-        q = q.view(B, T, s.n_heads, s.head_dim).transpose(1, 2)
-        k = k.view(B, T, s.n_kv_heads, s.head_dim).transpose(1, 2)
-        v = v.view(B, T, s.n_kv_heads, s.head_dim).transpose(1, 2)
-        return apply_rope(q, *rope), apply_rope(k, *rope), v
+        heads = qkv.view(B, T, s.n_heads + 2 * s.n_kv_heads, s.head_dim)
+        qk = apply_rope(heads[:, :, :s.n_heads + s.n_kv_heads], *rope)  # [B, T, H + Hkv, dh]
+        q, k = qk.transpose(1, 2).split([s.n_heads, s.n_kv_heads], dim=1)
+        return q, k, heads[:, :, s.n_heads + s.n_kv_heads:].transpose(1, 2)
 
     def _finish_layer(self, layer, x, attn):
         """x [B, T, d], attn [B, H, T, dh] -> o projection + residual, then the SwiGLU block."""
@@ -380,15 +453,20 @@ class Llama(nn.Module):
         cache = self.cache
         tokens = self._tokens(tokens).reshape(-1)
         self._check_decode(tokens)
-        positions = cache.lengths  # [B] int32: where each row's new token goes
-        attend = positions + 1  # [B] keys each query sees, the new one included
+        # Where each row's new token goes. The host mirror decides the shape of the work, so the
+        # step never waits for the device: equal lengths (static batching, the sweeps) write one
+        # slice at a host-known position; mixed lengths scatter by the device lengths [B].
         ends = [n + 1 for n in cache.host_lengths]
-        rope = rope_angles(positions[:, None], self.spec.head_dim, self.spec.rope_theta)
+        mixed = len(set(ends)) > 1
+        positions = cache.lengths if mixed else cache.host_lengths[0]
+        where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
+        rope = rope_angles(where, self.spec.head_dim, self.spec.rope_theta)
+        attend = cache.lengths + 1  # [B] keys each query sees, the new one included
         x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, rope)
             cache.update(i, k, v, positions)
-            o = self.ops.decode_attention(q[:, :, 0], cache, i, attend, max(ends), len(set(ends)) > 1)
+            o = self.ops.decode_attention(q[:, :, 0], cache, i, attend, max(ends), mixed)
             x = self._finish_layer(layer, x, o[:, :, None])
         cache.advance()
         return self._logits(x[:, 0])

@@ -418,3 +418,17 @@ def table(rows: list[dict]) -> widgets.HTML:
     body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(v))}</td>" for v in row.values())
                    + "</tr>" for row in rows)
     return widgets.HTML(f"<table><tr>{head}</tr>{body}</table>")
+
+
+# ---- lesson 02 (continued)
+def prefill_split_figure(split: dict, title: str, x_title: str = "prompt tokens P") -> go.Figure:
+    """`explore.prefill_split_prediction` alone, log-log: linear-only line, attention's band above."""
+    fig = go.Figure()
+    add_band(fig, split["prompt_tokens"], split["linear_only_s"], split["predicted_time_s"],
+             "predicted, linear term only", "attention term")
+    fig.add_scatter(x=split["prompt_tokens"], y=split["predicted_time_s"], mode="lines", line=PREDICTED,
+                    name="predicted, linear + attention")
+    fig.update_xaxes(type="log", title=x_title)
+    fig.update_yaxes(type="log", title="time (s)")
+    fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))
+    return fig

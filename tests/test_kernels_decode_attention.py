@@ -146,3 +146,20 @@ def test_bad_scales_and_splits_raise():
         decode_attention(q, k, v, lengths, ks, vs.reshape(1))
     with pytest.raises(ValueError, match="num_splits must be an int in"):
         decode_attention(q, k, v, lengths, ks, vs, num_splits=0)
+
+
+def test_check_lengths_false_reads_nothing_back(monkeypatch):
+    """check_lengths=False (the model's path: KVCache checks lengths on the host) must not read
+    lengths back from the device, a host sync per call on CUDA; results are unchanged."""
+    case = make_case(2, 4, 2, 40, 64, torch.float16, "fp16", [17, 40], seed=9)
+    ref = decode_attention_reference(*case)
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("decode_attention read a tensor back to the host")
+    for name in ("__bool__", "item", "tolist", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, no_sync)
+    out = decode_attention(*case, check_lengths=False)
+    with pytest.raises(AssertionError, match="read a tensor back"):
+        decode_attention(*case)  # the default checks lengths: one read back
+    monkeypatch.undo()
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.float16])

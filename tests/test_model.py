@@ -100,8 +100,8 @@ def test_cache_growth_per_decode_step_equals_kv_bytes_per_token(cache_dtype):
     growth_per_sequence = (model.cache.used_bytes() - before) / 3
     assert growth_per_sequence == roofline.kv_bytes_per_token(TINY, cache_dtype)
     # nbytes counts every buffer: the formula's cache for all positions, plus what it leaves out
-    # (fp8's per-layer scales) and the lengths.
-    extra = (2 * TINY.n_layers * 4 if cache_dtype == "fp8" else 0) + 3 * 4
+    # (fp8's per-layer scales), the lengths and advance()'s per-row steps (int32 each).
+    extra = (2 * TINY.n_layers * 4 if cache_dtype == "fp8" else 0) + 2 * 3 * 4
     assert model.cache.nbytes() == roofline.kv_cache_bytes(TINY, 16, 3, cache_dtype) + extra
 
 
@@ -222,6 +222,33 @@ def test_triton_path_matches_torch_path(cache_dtype):
     # The chunk attends to the cached prefix as stored (int8: rounded), one-shot to fresh K/V.
     tol = TOL["int8"] if cache_dtype == "int8" else dict(atol=1e-3, rtol=1e-3)
     assert_close(chunk, expected[:, 0], tol, f"triton chunked prefill, {cache_dtype} cache")
+
+
+@pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+@pytest.mark.parametrize("lengths", ["equal", "mixed"])
+def test_triton_decode_step_never_waits_for_the_device(monkeypatch, lengths):
+    """On CUDA a decode step must not read device tensors back (.item(), bool(), .tolist(),
+    int()) nor copy host lists in (torch.tensor): each is a host sync per call. Free slots and
+    mixed lengths (continuous batching) included; the host mirror of lengths still advances."""
+    device = "cuda" if CUDA else "cpu"
+    model = Llama(TINY, batch=3, max_tokens=16, cache_dtype="fp32", device=device, compute_dtype="fp32",
+                  kernels="triton")
+    model.prefill_slot(0, tokens_for(50, 4).to(device))
+    model.prefill_slot(2, tokens_for(51, 4 if lengths == "equal" else 7).to(device))
+    before = list(model.cache.host_lengths)
+    step = tokens_for(52, 3).to(device)
+
+    def sync(*args, **kwargs):
+        raise AssertionError("decode_step synchronised with the device")
+    for name in ("__bool__", "item", "tolist", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    monkeypatch.setattr(torch, "tensor", sync)
+    model.decode_step(step)
+    model.decode_step(step)
+    monkeypatch.undo()
+    assert model.cache.host_lengths == [before[0] + 2, 0, before[2] + 2]
+    assert model.cache.lengths.tolist() == model.cache.host_lengths
 
 
 @pytest.mark.gpu
