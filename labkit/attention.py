@@ -14,11 +14,14 @@ Peak memory is measured, not computed:
   * CPU (Linux): the process's peak resident set (VmHWM in /proc/self/status) after resetting it
     through /proc/self/clear_refs, minus the resident set before the call — the most memory the
     process held at once during the call. Memory freed earlier and reused without returning it
-    to the OS would not show; the matrices here are far beyond glibc's reuse thresholds.
+    to the OS would not show, so on glibc the measurement first fixes malloc's mmap threshold
+    (`mallopt(M_MMAP_THRESHOLD, 128 KiB)`, for this process): every tensor above that size then
+    gets fresh pages and gives them back when freed, instead of reusing a freed tensor's.
 Every size is refused before allocating when its predicted footprint would not fit.
 """
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -62,6 +65,15 @@ def _status_bytes(field: str) -> int:
     raise LabError(f"/proc/self/status has no {field}")
 
 
+def _fresh_pages_for_big_allocations():
+    """glibc raises its mmap threshold after big frees (up to 32 MiB), so a later tensor can reuse
+    resident heap and not show in the resident set; a fixed threshold stops that."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: measure as is
+        pass
+
+
 def peak_memory_bytes(fn, device: str) -> tuple[object, int]:
     """Run fn(); return its result and the peak memory gained while it ran (see module doc)."""
     if device == "cuda":
@@ -73,6 +85,7 @@ def peak_memory_bytes(fn, device: str) -> tuple[object, int]:
         return result, torch.cuda.max_memory_allocated() - before
     if not _STATUS.exists():
         raise LabError("measuring CPU peak memory needs Linux's /proc/self/status")
+    _fresh_pages_for_big_allocations()
     before = _status_bytes("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
     result = fn()
