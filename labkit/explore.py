@@ -264,3 +264,12 @@ def spread(low: int, high: int, step: int, count: int) -> list[int]:
     if count < 2:
         return [high]
     return sorted({low + round((high - low) * i / (count - 1) / step) * step for i in range(count)})
+
+
+# ---- lesson 04 (continued)
+def context_prediction(model: ModelSpec, hardware: HardwareSpec, contexts: list[int], batch: int, dtype: str,
+                       cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
+    """Predicted decode step time at each context length for a fixed batch."""
+    return {"context_tokens": list(contexts),
+            "predicted_time_s": [r.predicted_decode_step_s(model, batch, s, hardware, dtype, cache_dtype, counting)
+                                 for s in contexts]}

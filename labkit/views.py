@@ -301,8 +301,9 @@ def _shade_regimes(fig, bands: list[dict], axis: str = "x", **where):
     for band in bands:
         span = dict(x0=band["from"], x1=band["to"]) if axis == "x" else dict(y0=band["from"], y1=band["to"])
         add = fig.add_vrect if axis == "x" else fig.add_hrect
-        add(**span, fillcolor=REGIME_COLOURS[band["regime"]], line_width=0, annotation_text=band["regime"],
-            annotation_position="top left", **where)
+        label = band["regime"] if axis == "y" else band["regime"].split("-")[0]  # narrow bands: one word
+        add(**span, fillcolor=REGIME_COLOURS[band["regime"]], line_width=0, annotation_text=label,
+            annotation_position="top left" if axis == "y" else "top", **where)
 
 
 def decode_readout_figure(bands: list[dict]) -> go.FigureWidget:

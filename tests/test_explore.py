@@ -115,3 +115,10 @@ def test_chapter_choices_name_the_hidden_assumptions():
     rows = explore.chapter_decode_choices(EIGHT_B, H100)
     text = json.dumps(rows)
     assert "156.4" in text and "157.0" in text and "148" in text and "1.6%" in text and "6.1%" in text
+
+
+def test_context_prediction_grows_with_the_cache_read():
+    p = explore.context_prediction(EIGHT_B, H100, [0, 131072], 1, "bf16", "bf16")
+    ratio = p["predicted_time_s"][1] / p["predicted_time_s"][0]
+    assert ratio == pytest.approx(r.decode_bytes_per_step(EIGHT_B, 1, 131072, params="matmul")
+                                  / r.decode_bytes_per_step(EIGHT_B, 1, 0, params="matmul"), rel=1e-6)
