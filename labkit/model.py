@@ -21,6 +21,17 @@ x += down(silu(gate(n(x))) * up(n(x))). q/k/v are one fused matrix `wqkv` and ga
 `w_gate_up` (as gpt-fast and vLLM store them: one matmul reads the normed x once).
 
 Shapes: tokens [B, P] int64; x [B, P, d]; q [B, H, P, dh]; k, v [B, Hkv, P, dh]; logits [B, V] fp32.
+
+CPU decode speed (lab-cpu, fp32 weights, the lab's 2-core EPYC VM). A step reads 63 MB of matmul
+weights, 50 MB of them the head, plus the cache. What keeps it below the copy bandwidth:
+  * B = 2..16: intensity is ~B/2 FLOP/byte against a ridge of ~7.4 (95 GFLOP/s / 12.8 GB/s),
+    so at B = 8 the FLOPs alone take 54 % of the memory time at peak; reading at 0.7 of the
+    bandwidth needs OpenBLAS's few-row gemm at ~40 % of its square-matmul peak while streaming.
+    Its own threads managed 2-5 GB/s on the head; column blocks on worker threads (`blas_matmul`)
+    did 1.5-5x better on a busy machine (load 6); not yet timed on a quiet one;
+  * a fixed cost of ~400 aten calls a step (views included; norms, RoPE, residuals, SDPA), 1-20 us each;
+  * a bf16 cache: this CPU has no bf16 instructions and torch's SDPA converts as it reads —
+    3 GB/s against 9 GB/s for an fp32 cache (one layer, B = 1, S = 4096, on a busy machine).
 """
 from __future__ import annotations
 
