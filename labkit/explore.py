@@ -258,12 +258,193 @@ def chapter_decode_choices(model: ModelSpec, hardware: HardwareSpec) -> list[dic
     ]
 
 
+# ---- lesson 05: static vs continuous batching on measured step times
+def chapter_mix(copies: int = 8, seed: int = 0, prompt_scale: int = 1):
+    """The chapter's six workload shapes, `copies` requests of each, shuffled, all waiting at t = 0:
+    rows of (arrival_s, prompt_tokens, output_tokens) for `labkit.batching`. Prompts are divided
+    by `prompt_scale` (`CPU_SHAPE_SCALE` keeps them inside the CPU model's measured contexts)."""
+    import numpy as np
+
+    from . import workloads
+    shapes = [(max(1, round(w.prompt_tokens / prompt_scale)), w.output_tokens)
+              for w in workloads.WORKLOADS.values()] * copies
+    rows = np.array([(0.0, p, n) for p, n in shapes], dtype=float)
+    return rows[np.random.default_rng(seed).permutation(len(rows))]
+
+
+def trace_requests(trace_dir, name: str, n: int, seed: int = 0):
+    """The first `n` requests of the Azure trace CSV `name` ("conv" | "code") under `trace_dir`,
+    or, when that file is not there, `n` requests drawn from the committed summary's histograms.
+    Returns (traces.Trace, a sentence saying which)."""
+    from pathlib import Path
+
+    from . import traces
+    path = Path(trace_dir) / f"AzureLLMInferenceTrace_{name}.csv"
+    if path.is_file():
+        trace = traces.load_trace(path)
+        first = traces.Trace(trace.prompt_tokens[:n], trace.output_tokens[:n], trace.arrival_s[:n], trace.source,
+                             trace.start_timestamp)
+        return first, f"{name}: the first {len(first):,} requests of {path.name} (real arrivals and lengths)"
+    sample = traces.sample_requests(traces.load_summary(name), n, seed)
+    return sample, (f"{name}: {path} not found, so {n:,} requests were {traces.SAMPLED_LABEL} "
+                    f"(committed figures in data/azure-llm-inference-2023/; lengths drawn independently)")
+
+
+def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_s=None) -> dict:
+    """Static and continuous batching on each request set: slot utilisation (%) and output
+    throughput (tokens/s), as bar-chart lists in the order of `request_sets`."""
+    from . import batching
+    bars = {"sets": list(request_sets), "max_batch": max_batch}
+    for policy in ("static", "continuous"):
+        bars[policy] = {"utilisation_pct": [], "tokens_per_s": [], "ttft_p50_s": []}
+    for rows in request_sets.values():
+        result = batching.compare(rows, max_batch, step_time_s, prefill_time_s)
+        for policy in ("static", "continuous"):
+            bars[policy]["utilisation_pct"].append(100 * result[policy]["slot_utilisation"])
+            bars[policy]["tokens_per_s"].append(result[policy]["throughput_tokens_per_s"])
+            bars[policy]["ttft_p50_s"].append(result[policy]["ttft_p50_s"])
+    return bars
+
+
+def gpu_decode_points(directory) -> tuple[list[dict], str]:
+    """Decode points of the newest GPU recording in `directory` (a gpu_check output), and a label
+    naming its hardware and date; ([], why not) when there is none."""
+    from pathlib import Path
+
+    from . import recordings
+    if not Path(directory).is_dir():
+        return [], f"no recordings folder at {directory}"
+    found = [rec for rec in recordings.load_recordings(directory, phase="decode")
+             if rec["provenance"].get("device") == "cuda" and rec.get("points")]
+    if not found:
+        return [], f"no GPU decode recording in {directory} yet (run `make gpu-check` on a GPU machine)"
+    newest = max(found, key=lambda rec: rec["provenance"]["date"])
+    timed = [p for p in newest["points"] if "time_s" in p]  # refused points carry "skipped" instead
+    dtype = "bf16" if any(p.get("cache_dtype") == "bf16" for p in timed) else (timed or [{}])[0].get("cache_dtype")
+    # gpu_check measures its batches at one context (and batch 1 at others): keep that row, a grid
+    # `batching.step_time_from_records` can read; the cache term is then held at that context.
+    contexts = [p["context_tokens"] for p in timed if p.get("cache_dtype") == dtype]
+    if not contexts:
+        return [], f"the newest GPU decode recording in {directory} has no timed points"
+    context = max(set(contexts), key=contexts.count)
+    points = [{**p, "device": "cuda", "device_name": newest["provenance"].get("device_name", "cuda")}
+              for p in timed if p.get("cache_dtype") == dtype and p["context_tokens"] == context]
+    label = (f"{newest['provenance'].get('device_name', 'GPU')}, recorded {newest['provenance']['date'][:10]}, "
+             f"{dtype} cache at {context:,} tokens")
+    return points, label
+
+
+# ---- lesson 06: a long prefill among decoding streams
+def interference_series(timeline) -> dict:
+    """One `interference.Timeline` as chart data: each decode step's end (s) and the gap before
+    it (ms), and the prefill chunks' (start, end) spans (s)."""
+    ends = list(timeline.decode_end_s)
+    gaps = [1e3 * g for g in timeline.gaps_s()]
+    name = "no chunking" if not timeline.chunked else f"chunks of {timeline.chunk_tokens:,} tokens"
+    return {"name": name, "end_s": ends[1:], "gap_ms": gaps, "chunks_s": list(timeline.chunk_spans_s),
+            "device_name": timeline.device_name}
+
+
+def interference_bars(timelines: list) -> dict:
+    """Streams' worst and p99 gap, their undisturbed gap, and the long prompt's prefill time (ms),
+    one bar per timeline."""
+    rows = [t.summary() for t in timelines]
+    return {"names": [interference_series(t)["name"] for t in timelines],
+            "itl_max_ms": [1e3 * s["itl_max_s"] for s in rows], "itl_p99_ms": [1e3 * s["itl_p99_s"] for s in rows],
+            "itl_undisturbed_ms": [1e3 * s["itl_undisturbed_s"] for s in rows],
+            "prefill_wall_ms": [1e3 * s["prefill_wall_s"] for s in rows],
+            "prefill_compute_ms": [1e3 * s["prefill_compute_s"] for s in rows]}
+
+
+# ---- lesson 07: where a request's time goes, by workload shape
+# On the CPU the chapter's shapes are divided by this factor, prompts and outputs alike: the
+# summarisation prompt (60,000) becomes 7,500, inside lab-cpu's 8,192-token context and past its
+# attention crossover (~3,075 tokens, kernel counting) as 60,000 is past the 8B's (~53,247).
+CPU_SHAPE_SCALE = 8
+
+
+def scaled_shapes(scale: int = 1) -> list[dict]:
+    """The chapter's shapes with prompt and output divided by `scale` (outputs at least 2, so
+    every shape keeps a decode phase), in the chapter's order."""
+    from . import workloads
+    return [{"name": w.name, "title": w.title, "steps": w.steps,
+             "prompt_tokens": max(1, round(w.prompt_tokens / scale)),
+             "output_tokens": max(2, round(w.output_tokens / scale))} for w in workloads.WORKLOADS.values()]
+
+
+def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dict:
+    """`workloads.request_time_split` for every shape on `hardware` at `batch`: shares (%) and
+    per-request times, as bar-chart lists."""
+    from . import workloads
+    rows = workloads.time_split_table(model, hardware, batch)
+    return {"titles": [workloads.get_workload(row["workload"]).title for row in rows],
+            "prefill_pct": [100 * row["prefill_share"] for row in rows],
+            "decode_pct": [100 * row["decode_share"] for row in rows],
+            "prefill_s": [row["prefill_s"] for row in rows], "decode_s": [row["decode_s"] for row in rows],
+            "chapter": [row["chapter_split"] for row in rows], "fits": [row["fits_in_memory"] for row in rows],
+            "label": f"{model.name} on {hardware.name} (roofline, {r.CHAPTER_MFU:.0%} MFU, "
+                     f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth), batch {batch}"}
+
+
+def measured_split(results: list[dict], titles: list[str]) -> dict:
+    """`serving.serve_request` results (one per shape) as the same bar-chart lists."""
+    first = results[0]
+    return {"titles": list(titles),
+            "prefill_pct": [100 * x["prefill_share"] for x in results],
+            "decode_pct": [100 * x["decode_share"] for x in results],
+            "prefill_s": [x["prefill_s"] for x in results], "decode_s": [x["decode_s"] for x in results],
+            "shapes": [f"{x['prompt_tokens']:,} / {x['output_tokens']:,}" for x in results],
+            "label": f"{first['model']} measured on {first['device_name']} ({first['device']}), batch {first['batch']}"}
+
+
+def lever_rows() -> list[dict]:
+    """Each shape's levers and the lab's advice (from `workloads`), for a table."""
+    from . import workloads
+    return [{"workload": w.title, "prompt / output": f"{w.prompt_tokens:,} / {w.output_tokens:,}"
+             + (f" × {w.steps} steps" if w.steps > 1 else ""), "levers": ", ".join(w.levers), "why": w.helps}
+            for w in workloads.WORKLOADS.values()]
+
+
 # ---- lesson 02 (continued)
 def spread(low: int, high: int, step: int, count: int) -> list[int]:
     """`count` values from `low` to `high`, evenly spaced and snapped to the slider's `step`."""
     if count < 2:
         return [high]
     return sorted({low + round((high - low) * i / (count - 1) / step) * step for i in range(count)})
+
+
+# ---- lesson 05 (continued): step-time curves and a saturated server
+def as_backlog(rows):
+    """The same requests, all waiting at t = 0: a saturated server, where throughput is capacity."""
+    import numpy as np
+    rows = np.array(rows, dtype=float)
+    rows[:, 0] = 0.0
+    return rows
+
+
+def step_time_curves(records: list[dict], step_time_s, context_tokens: int, name: str) -> list[dict]:
+    """Measured decode points at `context_tokens` per sequence (markers) and the interpolated
+    step time through them (a line), against batch, for `views.step_time_figure`."""
+    points = sorted((rec["batch"], rec["time_s"]) for rec in records if rec["context_tokens"] == context_tokens)
+    batches = list(range(1, 2 * max(b for b, _ in points) + 1))
+    line = [float(step_time_s(b, b * context_tokens)) for b in batches]
+    return [{"name": f"{name}: measured, {context_tokens:,} tokens each", "batch": [b for b, _ in points],
+             "time_s": [t for _, t in points], "mode": "markers"},
+            {"name": f"{name}: interpolated (extended past the last batch)", "batch": batches, "time_s": line}]
+
+
+# ---- lesson 06 (continued)
+def interference_rows(timelines: list) -> list[dict]:
+    """One table row per `interference.Timeline`: the streams' gaps and the prompt's prefill, in ms."""
+    rows = []
+    for t in timelines:
+        s = t.summary()
+        rows.append({"run": interference_series(t)["name"], "device": s["device_name"],
+                     "undisturbed gap (ms)": f"{1e3 * s['itl_undisturbed_s']:,.0f}",
+                     "p99 gap (ms)": f"{1e3 * s['itl_p99_s']:,.0f}", "worst gap (ms)": f"{1e3 * s['itl_max_s']:,.0f}",
+                     "prefill, arrival to last chunk (ms)": f"{1e3 * s['prefill_wall_s']:,.0f}",
+                     "chunks alone (ms)": f"{1e3 * s['prefill_compute_s']:,.0f}"})
+    return rows
 
 
 # ---- lesson 04 (continued)

@@ -43,3 +43,15 @@ def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int
             "prefill_s": prefill_s, "decode_s": decode_s,
             "prefill_share": prefill_s / (prefill_s + decode_s), "decode_share": decode_s / (prefill_s + decode_s),
             "ttft_s": prefill_s, "itl_s": decode_s / (output_tokens - 1) if output_tokens > 1 else None}
+
+
+def serve_shapes(model: str, shapes: list[dict], device: str | None = None, progress=None) -> list[dict]:
+    """`serve_request` once for each shape (dicts with prompt_tokens, output_tokens, as
+    `explore.scaled_shapes` gives them); progress(done, total) after each."""
+    serve_request(model, 16, 2, device=device)  # untimed warm-up: first-call allocations, thread pools
+    results = []
+    for i, shape in enumerate(shapes):
+        results.append(serve_request(model, shape["prompt_tokens"], shape["output_tokens"], device=device))
+        if progress:
+            progress(i + 1, len(shapes))
+    return results

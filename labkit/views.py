@@ -433,3 +433,205 @@ def prefill_split_figure(split: dict, title: str, x_title: str = "prompt tokens 
     fig.update_yaxes(type="log", title="time (s)")
     fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+# ---- lesson 05: static vs continuous batching
+STATIC = dict(color="#8c8c8c")
+CONTINUOUS = dict(color="#2ca02c")
+
+
+def progress_bar(total: int, description: str = "measuring"):
+    """(IntProgress, progress(done, total) callback) for a sweep."""
+    bar = widgets.IntProgress(value=0, min=0, max=total, description=description)
+
+    def advance(done, _total):
+        bar.value = done
+    return bar, advance
+
+
+def batching_figure(bars: dict, title: str) -> go.FigureWidget:
+    """Slot utilisation and throughput side by side, static vs continuous, from `explore.batching_bars`."""
+    fig = go.FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                                        subplot_titles=("slot utilisation (%)", "output throughput (tokens/s)")))
+    for policy, style in (("static", STATIC), ("continuous", CONTINUOUS)):
+        fig.add_bar(x=[], y=[], marker=style, name=f"{policy} batching", row=1, col=1)
+        fig.add_bar(x=[], y=[], marker=style, name=f"{policy} batching", showlegend=False, row=1, col=2)
+    fig.update_yaxes(range=[0, 100], row=1, col=1)
+    fig.update_traces(textangle=0)
+    fig.update_layout(title=title, height=420, barmode="group", legend=dict(orientation="h", y=-0.2))
+    set_batching(fig, bars)
+    return fig
+
+
+def set_batching(fig: go.FigureWidget, bars: dict):
+    """Put `explore.batching_bars` output into the four bar traces."""
+    with fig.batch_update():
+        for i, policy in enumerate(("static", "continuous")):
+            fig.data[2 * i].x, fig.data[2 * i].y = bars["sets"], bars[policy]["utilisation_pct"]
+            fig.data[2 * i].text = [f"{u:.0f}%" for u in bars[policy]["utilisation_pct"]]
+            fig.data[2 * i + 1].x, fig.data[2 * i + 1].y = bars["sets"], bars[policy]["tokens_per_s"]
+            fig.data[2 * i + 1].text = [f"{t:,.0f}" for t in bars[policy]["tokens_per_s"]]
+
+
+class BatchingLab:
+    """A max-batch slider that re-simulates both policies on every request set; `bars(max_batch)`
+    is one labkit call (e.g. a partial of `explore.batching_bars`)."""
+
+    def __init__(self, bars, max_batch: int, low: int, high: int, title: str):
+        self.bars = bars
+        self.slider = int_slider("max batch", max_batch, low, high)
+        self.figure = batching_figure(bars(max_batch), title)
+        self.error = ErrorLine()
+        self.slider.observe(self.on_change, names="value")
+        self.widget = widgets.VBox([self.slider, self.figure, self.error.widget])
+
+    def on_change(self, _change=None):
+        with self.error.guard():
+            set_batching(self.figure, self.bars(self.slider.value))
+            self.error.status(f"simulated at max batch {self.slider.value}")
+
+
+def step_time_figure(curves: list[dict], title: str) -> go.Figure:
+    """Decode step time against batch, one line per source: dicts with name, batch, time_s
+    (measured points as markers, interpolation as a line)."""
+    fig = go.Figure()
+    for curve in curves:
+        fig.add_scatter(x=curve["batch"], y=[1e3 * t for t in curve["time_s"]], name=curve["name"],
+                        mode=curve.get("mode", "lines"))
+    fig.update_xaxes(title="batch B")
+    fig.update_yaxes(title="decode step time (ms)", rangemode="tozero")
+    fig.update_layout(title=title, height=380, legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+# ---- lesson 06: a long prefill among decoding streams
+def interference_figure(series: list[dict], title: str) -> go.FigureWidget:
+    """One row per timeline (`explore.interference_series`): the gap before each stream token
+    (ms) at the time it arrived, prefill chunks shaded."""
+    fig = go.FigureWidget(make_subplots(rows=len(series), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                                        subplot_titles=[s["name"] for s in series]))
+    for row, s in enumerate(series, start=1):
+        fig.add_bar(x=[], y=[], marker=MEASURED, name="gap before a stream token", showlegend=row == 1, row=row, col=1)
+        fig.update_yaxes(title="gap (ms)", row=row, col=1)
+    fig.update_xaxes(title="time since the first timed step (s)", row=len(series), col=1)
+    fig.update_layout(title=title, height=220 + 180 * len(series), legend=dict(orientation="h", y=-0.15), bargap=0.2)
+    for row, s in enumerate(series, start=1):
+        set_interference(fig, row, s)
+    return fig
+
+
+def set_interference(fig: go.FigureWidget, row: int, series: dict):
+    """Redraw row `row` of an `interference_figure` from `explore.interference_series`."""
+    with fig.batch_update():
+        trace = fig.data[row - 1]
+        trace.x, trace.y = series["end_s"], series["gap_ms"]
+        trace.width = [0.6 * min(series["gap_ms"]) / 1e3] * len(series["gap_ms"])
+        fig.layout.annotations[row - 1].text = series["name"]
+        keep = [s for s in fig.layout.shapes if s.name != f"chunk-{row}"]
+        chunks = [dict(type="rect", x0=a, x1=b, y0=0, y1=1, yref=f"y{'' if row == 1 else row} domain",
+                       xref=f"x{'' if row == 1 else row}", fillcolor="#1f77b4", opacity=0.15, line_width=0,
+                       name=f"chunk-{row}") for a, b in series["chunks_s"]]
+        fig.layout.shapes = keep + chunks
+
+
+def interference_bars_figure(bars: dict, title: str) -> go.FigureWidget:
+    """The streams' worst and p99 gap beside the long prompt's prefill time, per timeline."""
+    fig = go.FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                                        subplot_titles=("streams: gap between tokens (ms)",
+                                                        "long prompt: prefill time (ms)")))
+    fig.add_bar(x=[], y=[], name="worst gap", marker=MEASURED, row=1, col=1)
+    fig.add_bar(x=[], y=[], name="p99 gap", marker=NOISY, row=1, col=1)
+    fig.add_bar(x=[], y=[], name="undisturbed gap", marker=dict(color="#555"), row=1, col=1)
+    fig.add_bar(x=[], y=[], name="arrival to last chunk (its TTFT)", marker=PREDICTED, row=1, col=2)
+    fig.add_bar(x=[], y=[], name="chunks alone", marker=dict(color="#aec7e8"), row=1, col=2)
+    fig.update_layout(title=title, height=420, barmode="group", legend=dict(orientation="h", y=-0.2))
+    set_interference_bars(fig, bars)
+    return fig
+
+
+def set_interference_bars(fig: go.FigureWidget, bars: dict):
+    keys = ("itl_max_ms", "itl_p99_ms", "itl_undisturbed_ms", "prefill_wall_ms", "prefill_compute_ms")
+    with fig.batch_update():
+        for trace, key in zip(fig.data, keys):
+            trace.x, trace.y = bars["names"], bars[key]
+            trace.text = [f"{v:,.0f}" for v in bars[key]]
+
+
+class ChunkLab:
+    """A chunk-size slider that re-runs the chunked timeline for real (`run(chunk_tokens=C)` is one
+    labkit call returning an `interference.Timeline`) beside a fixed unchunked one."""
+
+    def __init__(self, run, unchunked, chunk: int, low: int, high: int, step: int, title: str):
+        from . import explore
+        self.run, self.unchunked = run, unchunked
+        self.slider = int_slider("chunk C (tokens)", chunk, low, high, step)
+        self.timeline = run(chunk_tokens=chunk)
+        self.timelines = explore.interference_series(unchunked), explore.interference_series(self.timeline)
+        self.figure = interference_figure(list(self.timelines), title)
+        self.bars = interference_bars_figure(explore.interference_bars([unchunked, self.timeline]),
+                                             f"{title}: summary")
+        self.error = ErrorLine()
+        self.slider.observe(self.on_change, names="value")
+        self.widget = widgets.VBox([self.slider, self.error.widget, self.figure, self.bars])
+
+    def on_change(self, _change=None):
+        from . import explore
+        self.error.status(f"running the timeline with chunks of {self.slider.value:,} tokens …")
+        with self.error.guard():
+            self.timeline = self.run(chunk_tokens=self.slider.value)
+            set_interference(self.figure, 2, explore.interference_series(self.timeline))
+            set_interference_bars(self.bars, explore.interference_bars([self.unchunked, self.timeline]))
+            s = self.timeline.summary()
+            self.error.status(f"measured on {s['device_name']}: worst gap {s['itl_max_s'] * 1e3:,.0f} ms, "
+                              f"prefill {s['prefill_wall_s'] * 1e3:,.0f} ms")
+
+
+# ---- lesson 07: where a request's time goes
+def split_figure(split: dict, title: str) -> go.FigureWidget:
+    """Prefill and decode shares (%) per workload, stacked horizontal bars (`explore.predicted_split`
+    or `explore.measured_split`)."""
+    fig = go.FigureWidget()
+    fig.add_bar(y=[], x=[], orientation="h", name="prefill", marker=dict(color="#ff7f0e"))
+    fig.add_bar(y=[], x=[], orientation="h", name="decode", marker=PREDICTED)
+    fig.update_xaxes(title="share of the request's time (%)", range=[0, 100])
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title, height=380, barmode="stack", legend=dict(orientation="h", y=-0.2),
+                      margin=dict(l=200))
+    set_split(fig, split)
+    return fig
+
+
+def set_split(fig: go.FigureWidget, split: dict):
+    with fig.batch_update():
+        for trace, key in zip(fig.data, ("prefill_pct", "decode_pct")):
+            trace.y, trace.x = split["titles"], split[key]
+            trace.text = [f"{v:.0f}%" for v in split[key]]
+        fig.layout.title.text = split["label"]
+
+
+class SplitLab:
+    """A GPU dropdown and a batch slider over `split(gpu_name, batch)` (one labkit call, e.g.
+    `explore.predicted_split` with the model bound)."""
+
+    def __init__(self, split, gpus: list[str], gpu: str, batch: int, high: int):
+        self.split = split
+        self.gpu = widgets.Dropdown(options=gpus, value=gpu, description="GPU")
+        self.batch = int_slider("batch B", batch, 1, high)
+        self.figure = split_figure(split(gpu, batch), "")
+        self.error = ErrorLine()
+        self.gpu.observe(self.on_change, names="value")
+        self.batch.observe(self.on_change, names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.gpu, self.batch]), self.figure, self.error.widget])
+
+    def on_change(self, _change=None):
+        with self.error.guard():
+            set_split(self.figure, self.split(self.gpu.value, self.batch.value))
+            self.error.status("")
+
+
+def rows_table(rows: list[dict]) -> widgets.HTML:
+    """Flat dicts as an HTML table, keys as the header."""
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td style='text-align:left;padding:2px 8px'>{html.escape(str(v))}</td>"
+                                    for v in row.values()) + "</tr>" for row in rows)
+    return widgets.HTML(f"<table><tr>{head}</tr>{body}</table>")

@@ -1,0 +1,64 @@
+"""Lessons 05-08's chart data and widgets build headless, and a slider move redraws them."""
+from functools import partial
+
+import numpy as np
+import pytest
+
+pytest.importorskip("plotly")
+pytest.importorskip("ipywidgets")
+
+from labkit import explore, interference, views, workloads  # noqa: E402
+from labkit.specs import get_gpu, get_model  # noqa: E402
+
+
+def affine(batch, tokens):
+    return 0.01 + 0.001 * np.asarray(batch, dtype=float) + 1e-7 * np.asarray(tokens, dtype=float)
+
+
+def test_trace_requests_falls_back_to_the_committed_figures_and_says_so(tmp_path):
+    trace, note = explore.trace_requests(tmp_path, "conv", 50)
+    assert len(trace) == 50 and "not found" in note and "histograms" in note
+
+
+def test_no_gpu_recording_is_reported_not_raised(tmp_path):
+    assert explore.gpu_decode_points(tmp_path / "missing") == ([], f"no recordings folder at {tmp_path / 'missing'}")
+    points, why = explore.gpu_decode_points(tmp_path)
+    assert points == [] and "no GPU decode recording" in why
+
+
+def test_batching_lab_redraws_on_release():
+    sets = {"mix": explore.chapter_mix(2, prompt_scale=8), "backlog": explore.as_backlog(explore.chapter_mix(1))}
+    lab = views.BatchingLab(partial(explore.batching_bars, sets, step_time_s=affine), 4, 1, 32, "t")
+    before = list(lab.figure.data[0].y)
+    lab.slider.value = 12
+    assert lab.error.last_error is None and list(lab.figure.data[0].x) == ["mix", "backlog"]
+    assert list(lab.figure.data[0].y) != before
+    assert all(0 < u <= 100 for u in lab.figure.data[2].y)  # continuous utilisation
+
+
+def test_split_lab_follows_the_dropdown_and_the_batch():
+    model = get_model("llama-3.1-8b")
+    lab = views.SplitLab(lambda g, b: explore.predicted_split(model, get_gpu(g), b), ["H100-SXM", "H200"], "H100-SXM", 1, 256)
+    chat_alone = lab.figure.data[0].x[0]
+    lab.batch.value = 64
+    assert lab.figure.data[0].x[0] > chat_alone and "batch 64" in lab.figure.layout.title.text
+    lab.gpu.value = "H200"
+    assert "H200" in lab.figure.layout.title.text
+    assert len(explore.lever_rows()) == len(workloads.WORKLOADS)
+
+
+def test_chunk_lab_reruns_the_chunked_timeline():
+    sizes = dict(model="lab-tiny", device="cpu", streams=2, context_tokens=32, prompt_tokens=128)
+    unchunked = interference.run_timeline(**sizes)
+    lab = views.ChunkLab(partial(interference.run_timeline, **sizes), unchunked, 64, 16, 128, 16, "t")
+    assert lab.timeline.chunk_tokens == 64
+    lab.slider.value = 32
+    assert lab.error.last_error is None and lab.timeline.chunk_tokens == 32
+    assert list(lab.bars.data[0].x) == ["no chunking", "chunks of 32 tokens"]
+    assert len(explore.interference_rows([unchunked, lab.timeline])) == 2
+
+
+def test_scaled_shapes_keep_a_decode_phase_and_fit_the_cpu_model():
+    shapes = explore.scaled_shapes(explore.CPU_SHAPE_SCALE)
+    limit = get_model("lab-cpu").max_context
+    assert all(s["output_tokens"] >= 2 and s["prompt_tokens"] + s["output_tokens"] <= limit for s in shapes)
