@@ -127,7 +127,60 @@ def lesson_06() -> dict[str, str]:
     }
 
 
-LESSONS = {"01": lesson_01, "02": lesson_02, "03": lesson_03, "04": lesson_04, "06": lesson_06}
+
+def lesson_05() -> dict[str, str]:
+    """Static vs continuous batching: the mean/max estimate on the chapter's shapes and the trace."""
+    from . import batching, traces, workloads
+    outputs = [w.output_tokens for w in workloads.WORKLOADS.values()]
+    figures = {"mix_mean": fmt(sum(outputs) / len(outputs)), "mix_max": fmt(max(outputs)),
+               "mix_util_pct": fmt(100 * batching.static_utilisation_estimate(outputs))}
+    for name in traces.SUMMARIES:
+        out = traces.load_summary(name)["output_tokens"]
+        figures.update({f"{name}_mean": fmt(out["mean"]), f"{name}_max": fmt(out["max"]),
+                        f"{name}_util_pct": fmt(100 * out["mean"] / out["max"], 1)})
+    return figures
+
+
+def lesson_07() -> dict[str, str]:
+    """Workload shapes: the six shapes, their predicted shares on an H100, the CPU scaling."""
+    import re
+
+    from . import explore, workloads
+    from .specs import get_model as _model
+    model, h100, _ = _chapter_setting()
+    figures = {"agent_steps": fmt(workloads.AGENT_STEPS), "pushed_batch": fmt(workloads.PUSHED_BATCH),
+               "chapter_batch": fmt(workloads.CHAPTER_BATCH), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
+               "bandwidth_pct": fmt(100 * r.CHAPTER_BANDWIDTH_EFFICIENCY),
+               "cpu_scale": fmt(explore.CPU_SHAPE_SCALE),
+               "cpu_summary_prompt": fmt(workloads.WORKLOADS["summarisation"].prompt_tokens / explore.CPU_SHAPE_SCALE),
+               "crossover_cpu": fmt(r.crossover_tokens(_model("lab-cpu"), r.KERNEL)),
+               "crossover_8b": fmt(r.crossover_tokens(model, r.KERNEL)),
+               "classification_75_batch": fmt(workloads.batch_for_prefill_share(model, h100, "classification", 0.75)),
+               "chat_decode_pct": fmt(100 * workloads.request_time_split(model, h100, "chat")["decode_share"]),
+               "classification_pushed_pct": fmt(100 * workloads.request_time_split(
+                   model, h100, "classification", workloads.PUSHED_BATCH)["prefill_share"])}
+    for w in workloads.WORKLOADS.values():
+        split = workloads.request_time_split(model, h100, w, workloads.CHAPTER_BATCH)
+        figures.update({f"{w.name}_prompt": fmt(w.prompt_tokens), f"{w.name}_output": fmt(w.output_tokens),
+                        f"{w.name}_prefill_pct": fmt(100 * split["prefill_share"])})
+        for i, number in enumerate(re.findall(r"\d+", w.chapter_split)):  # the chapter's own claim
+            figures[f"{w.name}_chapter_{i}"] = number
+    return figures
+
+
+def lesson_08() -> dict[str, str]:
+    """Check yourself: the inputs the questions state (the answers are labkit's, not in the prose)."""
+    from . import quiz
+    _, h100, _ = _chapter_setting()
+    return {"h100_peak_tflops": fmt(h100.bf16_flops_per_s / 1e12),
+            "h100_bandwidth_tb_per_s": fmt(h100.memory_bandwidth_bytes_per_s / 1e12, 2),
+            "prompt": fmt(quiz.PROMPT), "short": fmt(quiz.SHORT), "long": fmt(quiz.LONG),
+            "scores_tokens": fmt(quiz.SCORES_TOKENS), "stall_prompt": fmt(quiz.STALL_PROMPT),
+            "mfu_pct": fmt(100 * r.CHAPTER_MFU), "context": fmt(quiz.CONTEXT), "batch": fmt(quiz.BATCH),
+            "logits_prompt": fmt(quiz.LOGITS_PROMPT)}
+
+LESSONS = {"01": lesson_01, "02": lesson_02, "03": lesson_03, "04": lesson_04, "05": lesson_05, "06": lesson_06,
+           "07": lesson_07, "08": lesson_08}
 
 
 def lesson_numbers(lesson: str) -> dict[str, str]:
