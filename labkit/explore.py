@@ -454,3 +454,13 @@ def context_prediction(model: ModelSpec, hardware: HardwareSpec, contexts: list[
     return {"context_tokens": list(contexts),
             "predicted_time_s": [r.predicted_decode_step_s(model, batch, s, hardware, dtype, cache_dtype, counting)
                                  for s in contexts]}
+
+
+# ---- lesson 03 (continued)
+def histogram(values: list[float], bins: int = 40) -> dict:
+    """Counts of `values` in `bins` equal-width bins from 0 to their maximum (for |errors|)."""
+    top = max(values, default=0.0) or 1.0
+    counts = [0] * bins
+    for v in values:
+        counts[min(int(v / top * bins), bins - 1)] += 1
+    return {"centres": [(i + 0.5) * top / bins for i in range(bins)], "counts": counts, "width": top / bins}

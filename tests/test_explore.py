@@ -122,3 +122,9 @@ def test_context_prediction_grows_with_the_cache_read():
     ratio = p["predicted_time_s"][1] / p["predicted_time_s"][0]
     assert ratio == pytest.approx(r.decode_bytes_per_step(EIGHT_B, 1, 131072, params="matmul")
                                   / r.decode_bytes_per_step(EIGHT_B, 1, 0, params="matmul"), rel=1e-6)
+
+
+def test_histogram_bins_from_zero_to_the_maximum():
+    h = explore.histogram([0.0, 0.1, 0.2, 1.0], bins=4)
+    assert h["counts"] == [3, 0, 0, 1] and h["width"] == 0.25 and h["centres"][0] == 0.125
+    assert sum(explore.histogram([0.0, 0.0])["counts"]) == 2
