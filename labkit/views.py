@@ -7,6 +7,7 @@ no browser) and shows errors as one line under itself instead of a traceback.
 from __future__ import annotations
 
 import contextlib
+import copy
 import html
 
 import ipywidgets as widgets
@@ -39,6 +40,26 @@ def roofline_figure(curves: list[dict], points: list[list[dict]], title: str) ->
     return fig
 
 
+class FigureWidget(go.FigureWidget):
+    """A plotly FigureWidget whose widget state is always the whole current figure.
+
+    plotly sends later changes (add_scatter, restyles, batch updates) to the browser as deltas and
+    refreshes the synced `_widget_data`/`_widget_layout` only when the figure itself is displayed.
+    Inside a VBox it never is, so a front end that asks the kernel for the state (Voilà when the
+    page loads, JupyterLab when it reconnects) got the figure as first built: an empty chart.
+    """
+
+    def get_state(self, key=None, drop_defaults=False):
+        state = super().get_state(key, drop_defaults)
+        if getattr(self, "_layout_obj", None) is None:  # asked while plotly is still building it
+            return state
+        for name, value in (("_widget_data", self._data), ("_widget_layout", self._layout_obj._props)):
+            if name in state:
+                to_json = self.trait_metadata(name, "to_json", self._trait_to_json)
+                state[name] = to_json(copy.deepcopy(value), self)
+        return state
+
+
 class ErrorLine:
     """An HTML line under a widget: a status while measuring, the message when something fails."""
 
@@ -64,7 +85,7 @@ class ErrorLine:
 def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, title: str,
                                  log_y: bool = False) -> go.FigureWidget:
     """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1)."""
-    fig = go.FigureWidget(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
+    fig = FigureWidget(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
                                         vertical_spacing=0.06))
     fig.add_scatter(x=predicted[x_key], y=predicted["predicted_time_s"], mode="lines",
                     line=PREDICTED, name="predicted (calibrated roofline)", row=1, col=1)
@@ -167,7 +188,7 @@ def prefill_terms_figure(terms: dict, title: str) -> go.Figure:
 def share_figure(curves: list[dict], title: str) -> go.FigureWidget:
     """Attention's share of prefill FLOPs against P (log x), one line per model, each
     crossover marked where the share reaches one half."""
-    fig = go.FigureWidget()
+    fig = FigureWidget()
     for curve in curves:
         fig.add_scatter(x=curve["prompt_tokens"], y=curve["attention_share"], mode="lines", name=curve["model"])
     fig.add_scatter(x=[c["crossover_tokens"] for c in curves], y=[0.5] * len(curves), mode="markers+text",
@@ -311,7 +332,7 @@ def _shade_regimes(fig, bands: list[dict], axis: str = "x", **where):
 def decode_readout_figure(bands: list[dict]) -> go.FigureWidget:
     """Three panels for one decode measurement: step time and tokens/s (measured beside
     predicted), and the cache's share of the step's read against the three regimes."""
-    fig = go.FigureWidget(make_subplots(rows=1, cols=3, column_widths=[0.22, 0.22, 0.56], horizontal_spacing=0.09,
+    fig = FigureWidget(make_subplots(rows=1, cols=3, column_widths=[0.22, 0.22, 0.56], horizontal_spacing=0.09,
                                         subplot_titles=["step time (ms)", "tokens/s", "the cache's share of one step's read"]))
     for col in (1, 2):
         fig.add_bar(x=["measured", "predicted"], y=[0, 0], marker=dict(color=[MEASURED["color"], PREDICTED["color"]]),
@@ -453,7 +474,7 @@ def progress_bar(total: int, description: str = "measuring"):
 
 def batching_figure(bars: dict, title: str) -> go.FigureWidget:
     """Slot utilisation and throughput side by side, static vs continuous, from `explore.batching_bars`."""
-    fig = go.FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+    fig = FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                                         subplot_titles=("slot utilisation (%)", "output throughput (tokens/s)")))
     for policy, style in (("static", STATIC), ("continuous", CONTINUOUS)):
         fig.add_bar(x=[], y=[], marker=style, name=f"{policy} batching", row=1, col=1)
@@ -510,7 +531,7 @@ def step_time_figure(curves: list[dict], title: str) -> go.Figure:
 def interference_figure(series: list[dict], title: str) -> go.FigureWidget:
     """One row per timeline (`explore.interference_series`): the gap before each stream token
     (ms) at the time it arrived, prefill chunks shaded."""
-    fig = go.FigureWidget(make_subplots(rows=len(series), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+    fig = FigureWidget(make_subplots(rows=len(series), cols=1, shared_xaxes=True, vertical_spacing=0.12,
                                         subplot_titles=[s["name"] for s in series]))
     for row, s in enumerate(series, start=1):
         fig.add_bar(x=[], y=[], marker=MEASURED, name="gap before a stream token", showlegend=row == 1, row=row, col=1)
@@ -538,7 +559,7 @@ def set_interference(fig: go.FigureWidget, row: int, series: dict):
 
 def interference_bars_figure(bars: dict, title: str) -> go.FigureWidget:
     """The streams' worst and p99 gap beside the long prompt's prefill time, per timeline."""
-    fig = go.FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+    fig = FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                                         subplot_titles=("streams: gap between tokens (ms)",
                                                         "long prompt: prefill time (ms)")))
     fig.add_bar(x=[], y=[], name="worst gap", marker=MEASURED, row=1, col=1)
@@ -592,7 +613,7 @@ class ChunkLab:
 def split_figure(split: dict, title: str) -> go.FigureWidget:
     """Prefill and decode shares (%) per workload, stacked horizontal bars (`explore.predicted_split`
     or `explore.measured_split`)."""
-    fig = go.FigureWidget()
+    fig = FigureWidget()
     fig.add_bar(y=[], x=[], orientation="h", name="prefill", marker=dict(color="#ff7f0e"))
     fig.add_bar(y=[], x=[], orientation="h", name="decode", marker=PREDICTED)
     fig.update_xaxes(title="share of the request's time (%)", range=[0, 100])
