@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import roofline
@@ -361,8 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as stop:  # --help
         return stop.code if isinstance(stop.code, int) else 0
-    if args.json:
-        print(json.dumps(result, default=str))
-    else:
-        _print_human(args.command, result)
+    try:
+        if args.json:
+            print(json.dumps(result, default=str))
+        else:
+            _print_human(args.command, result)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
