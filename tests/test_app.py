@@ -1,0 +1,96 @@
+"""`make app`: one lesson served by Voilà on loopback, behind a token, works in a real browser.
+
+The server is started by the Makefile's own `app` recipe (`make -o venv app NB=... PORT=...`,
+`-o venv`: never reinstall the venv from inside a test), with the token in JUPYTER_TOKEN as a
+user would give it. Chromium loads the page with the token, waits for the widgets, moves a
+slider and checks that its chart changed and no error showed; without the token (or with a
+wrong one) the lesson is not served.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+
+from browser_util import (ROOT, SCREENSHOTS, Server, free_port, full_screenshot, http_get, isolated_env,
+                          launch_chromium, move_slider, new_token, page_errors, sync_playwright)
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOK = "notebooks/01_two_phases.ipynb"
+LOAD_TIMEOUT_S = 240  # Voilà runs every cell before the page is complete (LABKIT_QUICK=1)
+MOVE_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """The `make app` server for NOTEBOOK; its process group (make, voila, kernel) always stopped."""
+    start = sync_playwright()
+    if not (ROOT / NOTEBOOK).exists():
+        pytest.skip(f"{NOTEBOOK} not written yet")
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed; `make app` is how the lesson is served")
+    home = tmp_path_factory.mktemp("voila")
+    port, token = free_port(), new_token()
+    env = dict(isolated_env(home, home / "labkit-cache"), JUPYTER_TOKEN=token)
+    argv = ["make", "--no-print-directory", "-o", "venv", "-o", ".venv/.stamp", "app",
+            f"NB={NOTEBOOK}", f"PORT={port}"]
+    server = Server(argv, env, home / "voila.log", f"http://127.0.0.1:{port}", token)
+    try:
+        # Any answer means it listens; "/" without the token is a redirect to the login page
+        # (with the token it would run the whole notebook once just to say it is up).
+        server.wait_until_up("/", token=False, answered=lambda status: status > 0)
+        yield server, start
+    finally:
+        server.stop()
+
+
+def other_addresses() -> list[str]:
+    """This machine's addresses outside 127.0.0.0/8 (a server on loopback must not answer there)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    except OSError:
+        return []
+    return sorted({info[4][0] for info in infos if not info[4][0].startswith("127.")})
+
+
+@pytest.mark.timeout(120)
+def test_the_app_listens_on_loopback_only_and_refuses_requests_without_the_token(app):
+    server, _ = app
+    port = int(server.base_url.rsplit(":", 1)[1])
+    for address in other_addresses():
+        with socket.socket() as sock:
+            sock.settimeout(2)
+            assert sock.connect_ex((address, port)) != 0, f"the app answers on {address}, not only on loopback"
+    for url in (server.url("/", token=False), f"{server.base_url}/?token=wrong-{server.token}",
+                server.url("/api/kernels", token=False)):
+        status, location, body = http_get(url)
+        refused = status in (401, 403) or (status in (301, 302, 303, 307) and "/login" in (location or ""))
+        assert refused, f"{url.replace(server.token, '<token>')} answered {status} {location}"
+        assert "two phases" not in body.lower()  # the lesson's title never leaks
+
+
+@pytest.mark.timeout(LOAD_TIMEOUT_S + 2 * MOVE_TIMEOUT_S + 60)
+def test_the_app_renders_the_lesson_and_a_slider_redraws_its_chart(app):
+    server, start = app
+    with start() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(server.url("/"), timeout=LOAD_TIMEOUT_S * 1000)
+            page.wait_for_selector(".widget-slider .noUi-handle", timeout=LOAD_TIMEOUT_S * 1000)
+            page.wait_for_function("() => { const g = [...document.querySelectorAll('.js-plotly-plot')];"
+                                   " return g.length > 0 && g.every(p => p._fullLayout); }",
+                                   timeout=LOAD_TIMEOUT_S * 1000)
+            assert page_errors(page) == [] and "There was an error" not in page.inner_text("body")
+            move = move_slider(page, page.locator(".widget-slider").first, MOVE_TIMEOUT_S)
+            try:
+                assert move["charts"] >= 1 and move["from"] != move["to"], move
+                assert move["unchanged"] == [] and not move["count_changed"], f"chart did not change: {move}"
+                assert page_errors(page) == [] and "There was an error" not in page.inner_text("body")
+            finally:
+                full_screenshot(page, SCREENSHOTS / f"app-{os.path.basename(NOTEBOOK)[:-6]}.png")
+        finally:
+            browser.close()

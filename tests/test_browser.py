@@ -1,0 +1,182 @@
+"""Every lesson in a real browser: JupyterLab runs all cells in headless Chromium, every slider
+is moved, and every chart beside it must change with no error anywhere on the page.
+
+One JupyterLab server (loopback, random token, LABKIT_QUICK=1, a fresh labkit cache) and one
+Chromium serve the whole module; each notebook gets a fresh page and its kernel is shut down
+afterwards. Cells run through JupyterLab's own command `notebook:run-all-cells`, reached via
+`window.jupyterapp` (the server runs with `--LabApp.expose_app_in_browser`). A slider is moved
+with the keyboard on its noUiSlider handle (ArrowRight, or ArrowLeft at the maximum): the
+widget sets its value on the change event, as on a mouse release. A full-length screenshot of
+each notebook lands in build/screenshots/<notebook>.png.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from browser_util import (ROOT, SCREENSHOTS, full_screenshot, launch_chromium, move_slider, page_errors,
+                          start_jupyter_lab, sync_playwright)
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+RUN_TIMEOUT_S = 300  # one notebook's cells, LABKIT_QUICK=1, on 2 cores
+MOVE_TIMEOUT_S = 90  # one slider move: one real measurement and a redraw
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """(server, browser context) for the module; the context's HTTP cache keeps JupyterLab's
+    and plotly's bundles between notebooks. The server's process group is always stopped."""
+    start = sync_playwright()
+    server = start_jupyter_lab(tmp_path_factory.mktemp("jupyter-lab"))
+    try:
+        with start() as playwright:
+            browser = launch_chromium(playwright)
+            try:
+                yield server, browser.new_context(viewport={"width": 1400, "height": 1000})
+            finally:
+                browser.close()
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ JupyterLab, driven
+NOTEBOOK_READY_JS = """path => {
+  const app = window.jupyterapp, w = app && app.shell.currentWidget;
+  const kernel = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!(w && w.context && w.context.path === path && w.content && w.content.widgets.length
+            && kernel && kernel.status === 'idle');
+}"""
+
+RUN_ALL_JS = """() => {
+  window.__labkitRunAll = 'running';
+  window.jupyterapp.commands.execute('notebook:run-all-cells').then(
+    () => { window.__labkitRunAll = 'done'; }, err => { window.__labkitRunAll = 'failed: ' + err; });
+}"""
+
+KERNEL_IDLE_JS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+  return window.__labkitRunAll !== 'running' && !!kernel && kernel.status === 'idle';
+}"""
+
+# Code cells that did not run, and outputs of type "error", read from the cell models (so a
+# cell scrolled out of view, not rendered, is still checked).
+CELL_REPORT_JS = """() => {
+  const w = window.jupyterapp.shell.currentWidget, unrun = [], errors = [];
+  w.content.widgets.forEach((cell, i) => {
+    if (cell.model.type !== 'code') return;
+    if (cell.model.executionCount === null) unrun.push(i);
+    for (const out of cell.model.outputs.toJSON()) {
+      if (out.output_type === 'error') errors.push(`cell ${i}: ${out.ename}: ${out.evalue}`);
+    }
+  });
+  return {unrun, errors, runAll: window.__labkitRunAll};
+}"""
+
+# Counts that stop changing once every widget view (plotly's bundle is large) has rendered.
+RENDERED_JS = """() => [document.querySelectorAll('.js-plotly-plot').length,
+  [...document.querySelectorAll('.js-plotly-plot')].filter(g => g._fullLayout).length,
+  document.querySelectorAll('.widget-slider').length, document.querySelectorAll('.jupyter-widgets').length]"""
+
+def open_notebook(page, server, notebook: Path):
+    # ?reset: start from an empty workspace, not with the previous test's notebook open too.
+    page.goto(server.url(f"/lab/tree/notebooks/{notebook.name}?reset"))
+    path = f"notebooks/{notebook.name}"
+    try:
+        page.wait_for_function(NOTEBOOK_READY_JS, arg=path, timeout=120_000, polling=250)
+    except Exception:
+        dialog = page.locator(".jp-Dialog").all_inner_texts()
+        pytest.fail(f"{path} did not open with an idle kernel; dialogs: {dialog}\n{server.log_tail()}")
+
+
+def run_all_cells(page, notebook: Path):
+    page.evaluate(RUN_ALL_JS)
+    page.wait_for_function(KERNEL_IDLE_JS, timeout=RUN_TIMEOUT_S * 1000, polling=500)
+    report = page.evaluate(CELL_REPORT_JS)
+    assert report["runAll"] == "done", f"{notebook.name}: run-all-cells {report['runAll']}"
+    assert not report["errors"], f"{notebook.name}: cells raised: {report['errors']}"
+    assert not report["unrun"], f"{notebook.name}: code cells {report['unrun']} did not run"
+
+
+def wait_for_widgets(page, timeout_s: float = 60):
+    """Until the rendered plots/sliders/widgets stop changing for 2 s (each FigureWidget view
+    imports plotly's bundle first)."""
+    deadline, last, stable_since = time.monotonic() + timeout_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        counts = page.evaluate(RENDERED_JS)
+        if counts != last:
+            last, stable_since = counts, time.monotonic()
+        elif counts[0] == counts[1] and time.monotonic() - stable_since >= 2:
+            return counts
+        page.wait_for_timeout(250)
+    return last
+
+
+def empty_charts(page) -> list[int]:
+    """Indexes of plotly charts drawn with no trace at all (a view that never got its figure)."""
+    return page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                         ".map((g, i) => [i, (g.data || []).length]).filter(([i, n]) => n === 0).map(([i]) => i)")
+
+
+def wait_until_idle(page):
+    page.wait_for_function(KERNEL_IDLE_JS, timeout=MOVE_TIMEOUT_S * 1000, polling=250)
+
+
+def shut_down_kernels(server):
+    for session in server.api("GET", "/api/sessions"):
+        server.api("DELETE", f"/api/sessions/{session['id']}")
+
+
+# ------------------------------------------------------------------ the test
+def open_and_run(page, server, notebook: Path):
+    open_notebook(page, server, notebook)
+    run_all_cells(page, notebook)
+    wait_for_widgets(page)
+
+
+def close(page, server):
+    page.close()  # runs no beforeunload handler, so the unsaved notebook does not block
+    shut_down_kernels(server)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)  # the first one also starts the server and calibrates
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
+def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, notebook):
+    server, context = lab
+    original = notebook.read_bytes()
+    page = context.new_page()
+    try:
+        open_and_run(page, server, notebook)
+        assert page_errors(page) == [], f"{notebook.name}: errors on the page after running"
+        if empty_charts(page):
+            # A FigureWidget view drawn with no figure (no trace, no title) stays empty. Before
+            # views.FigureWidget reported its whole figure as widget state, this happened about
+            # once in fifteen notebook runs here; should it come back, keep a picture, say so
+            # and run the notebook once more: twice in a row fails.
+            empty = empty_charts(page)
+            full_screenshot(page, SCREENSHOTS / f"{notebook.stem}-empty-charts.png")
+            close(page, server)
+            warnings.warn(f"{notebook.name}: plotly charts {empty} were drawn empty; ran the notebook again "
+                          f"(see build/screenshots/{notebook.stem}-empty-charts.png)")
+            page = context.new_page()
+            open_and_run(page, server, notebook)
+            assert empty_charts(page) == [], f"{notebook.name}: plotly charts drawn empty twice in a row"
+        moves = [move_slider(page, slider, MOVE_TIMEOUT_S, settle=lambda: wait_until_idle(page))
+                 for slider in page.locator(".widget-slider").all()]
+        print(f"{notebook.name}: sliders moved: {moves}")
+        stuck = [m for m in moves if m["unchanged"] or m["count_changed"] or m["from"] == m["to"]]
+        assert not stuck, f"{notebook.name}: a slider move left its charts as they were: {stuck}"
+        assert page_errors(page) == [], f"{notebook.name}: errors on the page after moving the sliders"
+    finally:
+        if not page.is_closed():  # a picture for people to look at, pass or fail
+            try:
+                full_screenshot(page, SCREENSHOTS / f"{notebook.stem}.png")
+            except Exception as err:  # noqa: BLE001 — never hide the test's own failure
+                warnings.warn(f"{notebook.name}: no screenshot ({err})")
+        close(page, server)
+    assert notebook.read_bytes() == original, f"{notebook.name} was written during the test"
