@@ -21,12 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+# Bound on every model dimension: far above any real model (2**40 ~ 1.1e12), and low enough that
+# the roofline's products of several dimensions stay finite floats (beyond ~1e308 they overflow).
+MAX_SIZE = 2**40
+MAX_CONFIG_BYTES = 2**20  # a config.json is a few KB; refuse devices, pipes and huge files
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
@@ -83,8 +89,10 @@ class ModelSpec:
         for name in ("hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                      "intermediate_size", "vocab_size", "max_context"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
+                shown = repr(value) if len(repr(value)) <= 40 else f"a value of {len(repr(value)):,} characters"
+                raise SpecError(f"model {self.name!r}: {name} must be a positive integer at most "
+                                f"{MAX_SIZE:,}, got {shown}")
         if self.n_heads % self.n_kv_heads:
             raise SpecError(f"model {self.name!r}: n_heads ({self.n_heads}) must be a multiple "
                             f"of n_kv_heads ({self.n_kv_heads}) for grouped-query attention")
@@ -177,10 +185,18 @@ def get_model(name_or_path: str) -> ModelSpec:
         if key.lower() == str(name_or_path).lower():
             return spec
     path = Path(str(name_or_path))
-    if path.suffix == ".json" or path.exists():
+    if path.suffix == ".json" or _is_existing_path(path):
         return model_from_config(path)
     raise SpecError(f"unknown model {name_or_path!r}; known: {', '.join(MODELS)} "
                     f"(or give the path of a Hugging Face config.json)")
+
+
+def _is_existing_path(path: Path) -> bool:
+    """Whether `path` names something on disk; False for names no path can have (too long, NUL)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -190,10 +206,13 @@ def model_from_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face-style Llama config.json (offline). Malformed files raise SpecError."""
     path = Path(path)
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(_read_config_bytes(path).decode("utf-8-sig"))
     except FileNotFoundError:
         raise SpecError(f"config file {str(path)!r} not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except SpecError:
+        raise
+    # ValueError: bad JSON, or an integer of more than 4,300 digits; RecursionError: nesting too deep.
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise SpecError(f"config file {str(path)!r} is not readable JSON: {err}") from None
     if not isinstance(config, dict):
         raise SpecError(f"config file {str(path)!r} must hold a JSON object, got {type(config).__name__}")
@@ -215,10 +234,27 @@ def model_from_config(path: str | Path) -> ModelSpec:
             rope_theta=float(config.get("rope_theta", 10000.0)),
             norm_eps=float(config.get("rms_norm_eps", 1e-5)),
             max_context=config.get("max_position_embeddings", 131072), source=str(path))
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:  # OverflowError: float() of a huge integer
         if isinstance(err, SpecError):
             raise
         raise SpecError(f"config file {str(path)!r}: {err}") from None
+
+
+def _read_config_bytes(path: Path) -> bytes:
+    """The file's bytes if it is a regular file of at most MAX_CONFIG_BYTES: reading /dev/zero,
+    /dev/stdin or a named pipe would never end (O_NONBLOCK: opening a pipe does not wait)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(f"config file {str(path)!r} is not a regular file")
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SpecError(f"config file {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes; "
+                        f"is it a config.json?")
+    return data
 
 
 def with_changes(spec, **changes):
