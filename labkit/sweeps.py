@@ -19,12 +19,14 @@ point without rebuilding the model.
 """
 from __future__ import annotations
 
+import numbers
 import time
 from collections import OrderedDict
 
 import torch
 
 from . import backend, calibrate, measure, roofline
+from .errors import LabError
 from .model import Llama
 from .roofline import KERNEL, Counting
 from .specs import ModelSpec, get_model
@@ -112,6 +114,7 @@ def measure_prefill(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int =
     compute dtype unless `cache_dtype` is given) and compare it with the calibrated roofline."""
     built = get_built_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
+    _check_shape(spec, batch, prompt_tokens, "prompt_tokens", low=1)
     cache_dtype = cache_dtype or dtype
     _ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
     tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
@@ -132,6 +135,7 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     `capacity` (>= context_tokens + 1) sizes a new cache so a sweep can reuse it."""
     built = get_built_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
+    _check_shape(spec, batch, context_tokens, "context_tokens", low=0)
     cache = _ensure_cache(built, batch, max(capacity or 0, context_tokens + 1), cache_dtype, 1)  # no prefill
     if cache.filled_tokens < context_tokens:  # fill the whole cache once; later contexts reuse it
         cache.fill_random(cache.max_tokens - 1)
@@ -151,6 +155,21 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     point.update(cache_share=share, regime=roofline.decode_regime(share),
                  tokens_per_s=batch / timing.median_s)
     return point
+
+
+def _check_shape(spec: ModelSpec, batch, tokens, name: str, low: int):
+    """Refuse a batch below 1 or a token count outside low..max context, or either not an integer,
+    saying what is allowed: a slider set past the range would otherwise fail deep in torch or, on
+    a tiny model, run a prefill of a million tokens for many minutes."""
+    if not _is_integer(batch) or batch < 1:
+        raise LabError(f"batch must be an integer >= 1, got {batch!r}")
+    if not _is_integer(tokens) or not low <= tokens <= spec.max_context:
+        raise LabError(f"{name} must be an integer in {low:,}..{spec.max_context:,} "
+                       f"(the max context of {spec.name}), got {tokens!r}")
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _random_tokens(spec: ModelSpec, shape, device):
