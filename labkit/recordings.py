@@ -168,7 +168,11 @@ def _claim(temp: Path, target: Path) -> bool:
             os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return False
-        os.replace(temp, target)
+        try:
+            os.replace(temp, target)
+        except BaseException:  # never leave the reserved, empty name behind as a broken recording
+            target.unlink(missing_ok=True)
+            raise
         return True
 
 
