@@ -11,6 +11,7 @@ without the Python launch overhead between calls; on the CPU, PyTorch runs synch
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -38,8 +39,9 @@ class Timing:
     samples_s: tuple[float, ...]
 
     def __post_init__(self):
-        if not self.samples_s or min(self.samples_s) <= 0:
-            raise LabError(f"a Timing needs positive samples, got {self.samples_s!r}")
+        # NaN passes `<= 0` and inf would make the median and spread meaningless: refuse both.
+        if not self.samples_s or not all(math.isfinite(s) and s > 0 for s in self.samples_s):
+            raise LabError(f"a Timing needs positive, finite samples, got {self.samples_s!r}")
 
     @property
     def median_s(self) -> float:
