@@ -112,6 +112,8 @@ def set_measured(fig: go.FigureWidget, series: dict):
         fig.data[2].y = [series["time_s"][i] for i in noisy]
         fig.data[3].x = series["x"]
         fig.data[3].y = series["residual"]
+        # A noisy point's residual is as untrustworthy as its time: its bar takes the noisy colour.
+        fig.data[3].marker.color = [NOISY["color"] if flag else MEASURED["color"] for flag in series["noisy"]]
 
 
 class SliderLab:
