@@ -173,7 +173,9 @@ def start_jupyter_lab(home: Path) -> Server:
     argv = [str(VENV_BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={ROOT}",
             "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={settings}",
-            f"--LabApp.workspaces_dir={home / 'workspaces'}"]
+            f"--LabApp.workspaces_dir={home / 'workspaces'}",
+            # JupyterLab checkpoints a notebook when it opens it: keep those out of notebooks/.
+            f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}"]
     if os.geteuid() == 0:
         argv.append("--allow-root")
     server = Server(argv, isolated_env(home, home / "labkit-cache"), home / "jupyter-lab.log",

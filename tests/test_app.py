@@ -31,7 +31,7 @@ def app_notebooks() -> list[str]:
 
 NOTEBOOKS = app_notebooks()
 LOAD_TIMEOUT_S = 240  # Voilà runs every cell before the page is complete (LABKIT_QUICK=1)
-MOVE_TIMEOUT_S = 90
+MOVE_TIMEOUT_S = 180  # one real measurement and a redraw; generous for a machine running two suites
 
 
 @pytest.fixture(scope="module", params=NOTEBOOKS)
