@@ -71,7 +71,7 @@ class Server:
     def __init__(self, argv: list[str], env: dict, log: Path, base_url: str, token: str):
         self.base_url, self.token, self.log = base_url, token, log
         self._log_file = open(log, "w")
-        self.process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._log_file,
+        self.process = subprocess.Popen(_dying_with_us(argv), env=env, cwd=ROOT, stdout=self._log_file,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_until_up(self, path: str, token: bool = True, answered=lambda status: status == 200,
@@ -133,6 +133,13 @@ def http_get(url: str, timeout_s: float = 60) -> tuple[int, str | None, str]:
             return answer.status, answer.headers.get("Location"), answer.read().decode(errors="replace")
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("Location"), err.read().decode(errors="replace")
+
+
+def _dying_with_us(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM if this test process dies without stopping it (killed
+    by `timeout`, say): otherwise the server, in its own session, would outlive the test."""
+    setpriv = shutil.which("setpriv")  # util-linux; elsewhere the fixture's `finally` has to do
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 def _signal_group(pgid: int, sig):
