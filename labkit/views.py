@@ -9,10 +9,34 @@ from __future__ import annotations
 import contextlib
 import copy
 import html
+import sys
 
-import ipywidgets as widgets
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+
+@contextlib.contextmanager
+def _without_iri_format_checker():
+    """Import plotly without jsonschema's `iri` format checker: 3-5 s off every kernel start.
+
+    plotly imports nbformat, which imports jsonschema, which imports `rfc3987_syntax` when it is
+    installed (JupyterLab's server pulls it in) — and that package compiles ~40 lark grammars on
+    import (python-jsonschema/jsonschema#1428). While plotly loads, the module reads as absent,
+    so jsonschema skips that one optional checker (nbformat's schemas never use `iri`); afterwards
+    it is importable again. Does nothing when jsonschema was imported before us.
+    """
+    block = "jsonschema" not in sys.modules and "rfc3987_syntax" not in sys.modules
+    if block:
+        sys.modules["rfc3987_syntax"] = None  # `import` of a None entry raises ImportError
+    try:
+        yield
+    finally:
+        if block and sys.modules.get("rfc3987_syntax", 0) is None:
+            del sys.modules["rfc3987_syntax"]
+
+
+with _without_iri_format_checker():
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    _PlotlyFigureWidget = go.FigureWidget  # lazy in plotly: this attribute is what imports nbformat
 
 from . import explore
 
@@ -40,7 +64,7 @@ def roofline_figure(curves: list[dict], points: list[list[dict]], title: str) ->
     return fig
 
 
-class FigureWidget(go.FigureWidget):
+class FigureWidget(_PlotlyFigureWidget):
     """A plotly FigureWidget whose widget state is always the whole current figure.
 
     plotly sends later changes (add_scatter, restyles, batch updates) to the browser as deltas and

@@ -286,6 +286,6 @@ def full_screenshot(page, path: Path, width: int = 1400, max_height: int = 16000
     hidden = page.evaluate(_SCROLLER_JS)
     page.set_viewport_size({"width": width, "height": min(max_height, before["height"] + max(0, hidden))})
     page.evaluate("() => { window.__labkitScroller.scrollTop = 0; }")
-    page.wait_for_timeout(1500)  # let plotly redraw at the new size
+    page.wait_for_timeout(1000)  # let plotly redraw at the new size
     page.screenshot(path=str(path), full_page=True)
     page.set_viewport_size(before)

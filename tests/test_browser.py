@@ -2,8 +2,10 @@
 is moved, and every chart beside it must change with no error anywhere on the page.
 
 One JupyterLab server (loopback, random token, LABKIT_QUICK=1, a fresh labkit cache) and one
-Chromium serve the whole module; each notebook gets a fresh page and its kernel is shut down
-afterwards. Cells run through JupyterLab's own command `notebook:run-all-cells`, reached via
+Chromium page serve the whole module: JupyterLab boots once (4-6 s a page load) and each notebook
+is opened with its `docmanager:open` command, closed unsaved afterwards, and its kernel shut down
+in the background. A test that fails leaves the page suspect, so the next one loads a fresh page.
+Cells run through JupyterLab's own command `notebook:run-all-cells`, reached via
 `window.jupyterapp` (the server runs with `--LabApp.expose_app_in_browser`). A slider is moved
 with the keyboard on its noUiSlider handle (ArrowRight, or ArrowLeft at the maximum): the
 widget sets its value on the change event, as on a mouse release. A full-length screenshot of
@@ -11,6 +13,7 @@ each notebook lands in build/screenshots/<notebook>.png.
 """
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -25,17 +28,39 @@ RUN_TIMEOUT_S = 300  # one notebook's cells, LABKIT_QUICK=1, on 2 cores
 MOVE_TIMEOUT_S = 180  # one slider move: one real measurement and a redraw (a busy machine: minutes)
 
 
+class Lab:
+    """The module's server and browser context, and the one JupyterLab page the tests share."""
+
+    def __init__(self, server, context):
+        self.server, self.context, self.page, self.trusted = server, context, None, False
+
+    def fresh_page(self):
+        """The shared page with JupyterLab booted and nothing open; a new one after a failure."""
+        if self.page is not None and self.trusted:
+            return self.page
+        if self.page is not None and not self.page.is_closed():
+            self.page.close()
+        self.page = self.context.new_page()
+        self.page.goto(self.server.url("/lab?reset"))  # ?reset: an empty workspace
+        self.page.wait_for_function(APP_READY_JS, timeout=120_000, polling=100)
+        # Opened before the layout is restored (and ?reset has cleared it), a notebook is closed again.
+        self.page.evaluate("() => window.jupyterapp.restored")
+        self.page.wait_for_function("() => !location.search.includes('reset')", timeout=30_000, polling=100)
+        self.trusted = True
+        return self.page
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """(server, browser context) for the module; the context's HTTP cache keeps JupyterLab's
-    and plotly's bundles between notebooks. The server's process group is always stopped."""
+    """A `Lab` for the module; the context's HTTP cache keeps JupyterLab's and plotly's bundles.
+    The server's process group is always stopped."""
     start = sync_playwright()
     server = start_jupyter_lab(tmp_path_factory.mktemp("jupyter-lab"))
     try:
         with start() as playwright:
             browser = launch_chromium(playwright)
             try:
-                yield server, browser.new_context(viewport={"width": 1400, "height": 1000})
+                yield Lab(server, browser.new_context(viewport={"width": 1400, "height": 1000}))
             finally:
                 browser.close()
     finally:
@@ -43,6 +68,17 @@ def lab(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ JupyterLab, driven
+APP_READY_JS = """() => !!(window.jupyterapp && window.jupyterapp.shell && window.jupyterapp.commands
+                         && window.jupyterapp.commands.hasCommand('docmanager:open'))"""
+
+OPEN_JS = """path => { window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'}); }"""
+
+# Closes the current notebook without saving: marked clean first, so no "save changes?" dialog.
+CLOSE_JS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  if (w && w.context) { w.context.model.dirty = false; w.close(); }
+}"""
+
 NOTEBOOK_READY_JS = """path => {
   const app = window.jupyterapp, w = app && app.shell.currentWidget;
   const kernel = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
@@ -82,9 +118,8 @@ RENDERED_JS = """() => [document.querySelectorAll('.js-plotly-plot').length,
   document.querySelectorAll('.widget-slider').length, document.querySelectorAll('.jupyter-widgets').length]"""
 
 def open_notebook(page, server, notebook: Path):
-    # ?reset: start from an empty workspace, not with the previous test's notebook open too.
-    page.goto(server.url(f"/lab/tree/notebooks/{notebook.name}?reset"))
     path = f"notebooks/{notebook.name}"
+    page.evaluate(OPEN_JS, path)
     try:
         page.wait_for_function(NOTEBOOK_READY_JS, arg=path, timeout=120_000, polling=250)
     except Exception:
@@ -102,14 +137,14 @@ def run_all_cells(page, notebook: Path):
 
 
 def wait_for_widgets(page, timeout_s: float = 60):
-    """Until the rendered plots/sliders/widgets stop changing for 2 s (each FigureWidget view
+    """Until the rendered plots/sliders/widgets stop changing for 1 s (each FigureWidget view
     imports plotly's bundle first)."""
     deadline, last, stable_since = time.monotonic() + timeout_s, None, time.monotonic()
     while time.monotonic() < deadline:
         counts = page.evaluate(RENDERED_JS)
         if counts != last:
             last, stable_since = counts, time.monotonic()
-        elif counts[0] == counts[1] and time.monotonic() - stable_since >= 2:
+        elif counts[0] == counts[1] and time.monotonic() - stable_since >= 1:
             return counts
         page.wait_for_timeout(250)
     return last
@@ -125,9 +160,17 @@ def wait_until_idle(page):
     page.wait_for_function(KERNEL_IDLE_JS, timeout=MOVE_TIMEOUT_S * 1000, polling=250)
 
 
-def shut_down_kernels(server):
-    for session in server.api("GET", "/api/sessions"):
-        server.api("DELETE", f"/api/sessions/{session['id']}")
+def shut_down_kernels(server) -> threading.Thread:
+    """Shut down the sessions open now, in the background (a kernel takes ~2 s to exit); the
+    ids are read first, so a session the next test opens is never among them."""
+    sessions = [session["id"] for session in server.api("GET", "/api/sessions")]
+
+    def run():
+        for session in sessions:
+            server.api("DELETE", f"/api/sessions/{session}")
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 # ------------------------------------------------------------------ the test
@@ -138,17 +181,18 @@ def open_and_run(page, server, notebook: Path):
 
 
 def close(page, server):
-    page.close()  # runs no beforeunload handler, so the unsaved notebook does not block
-    shut_down_kernels(server)
+    page.evaluate(CLOSE_JS)
+    return shut_down_kernels(server)
 
 
 @pytest.mark.browser
 @pytest.mark.timeout(RUN_TIMEOUT_S + 3 * MOVE_TIMEOUT_S + 60)  # the first one also starts the server
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
 def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, notebook):
-    server, context = lab
+    server = lab.server
     original = notebook.read_bytes()
-    page = context.new_page()
+    page = lab.fresh_page()
+    lab.trusted = False  # until this test has closed its notebook cleanly
     try:
         open_and_run(page, server, notebook)
         assert page_errors(page) == [], f"{notebook.name}: errors on the page after running"
@@ -159,10 +203,9 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
             # and run the notebook once more: twice in a row fails.
             empty = empty_charts(page)
             full_screenshot(page, SCREENSHOTS / f"{notebook.stem}-empty-charts.png")
-            close(page, server)
+            close(page, server).join(30)
             warnings.warn(f"{notebook.name}: plotly charts {empty} were drawn empty; ran the notebook again "
                           f"(see build/screenshots/{notebook.stem}-empty-charts.png)")
-            page = context.new_page()
             open_and_run(page, server, notebook)
             assert empty_charts(page) == [], f"{notebook.name}: plotly charts drawn empty twice in a row"
         moves = [move_slider(page, slider, MOVE_TIMEOUT_S, settle=lambda: wait_until_idle(page))
@@ -177,7 +220,13 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
                 full_screenshot(page, SCREENSHOTS / f"{notebook.stem}.png")
             except Exception as err:  # noqa: BLE001 — never hide the test's own failure
                 warnings.warn(f"{notebook.name}: no screenshot ({err})")
-        close(page, server)
+        try:
+            close(page, server)
+            page.wait_for_function("() => !window.jupyterapp.shell.currentWidget"
+                                   " || !window.jupyterapp.shell.currentWidget.context", timeout=10_000)
+            lab.trusted = page_errors(page) == []  # nothing left over from this notebook
+        except Exception as err:  # noqa: BLE001 — the next test loads a fresh page instead
+            warnings.warn(f"{notebook.name}: could not close the notebook cleanly ({err})")
     assert notebook.read_bytes() == original, f"{notebook.name} was written during the test"
 
 

@@ -56,3 +56,16 @@ def test_roofline_figure_places_both_phases():
     fig = views.roofline_figure([explore.roofline_curve(gpu)], [explore.phase_points(model, gpu, 2000, 1)], "t")
     bounds = [t for t in fig.data[2].text]
     assert "compute-bound" in bounds[0] and "memory-bound" in bounds[1]
+
+
+def test_importing_views_skips_jsonschemas_iri_grammars_but_leaves_them_importable():
+    """Every lesson's kernel imports labkit.views; rfc3987_syntax's grammars cost 3-5 s of it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.util; import labkit.views; "
+            "print('lark' in sys.modules, 'nbformat' in sys.modules); "
+            "spec = importlib.util.find_spec('rfc3987_syntax'); "
+            "print(spec is None or importlib.import_module('rfc3987_syntax') is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "True"], out
