@@ -54,8 +54,20 @@ def get_built_model(model: ModelSpec | str = DEFAULT_MODEL, device: str | None =
         if chosen.device == "cuda":
             torch.cuda.empty_cache()  # so the footprint check sees the freed memory as free
     built = Llama(spec, batch=1, max_tokens=16, device=chosen.device, compute_dtype=chosen.compute_dtype)
+    _warm_up(built)
     _MODELS[key] = built
     return built
+
+
+def _warm_up(built: Llama):
+    """One tiny prefill and decode step, untimed, so no lesson's first point pays the process's
+    one-time costs (thread pools started, BLAS and attention kernels dispatched the first time,
+    Triton's compilation on CUDA). `_time` drops a short first call anyway; this covers a first
+    point long enough (>= CPU_BUDGET_S / 2) to be measured by its first call alone."""
+    tokens = _random_tokens(built.spec, (1, 8), built.device)
+    built.prefill(tokens)
+    built.decode_step(tokens[:, -1])
+    built.cache.set_lengths(0)
 
 
 def _ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):

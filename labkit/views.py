@@ -462,12 +462,18 @@ def progress(total: int, description: str = "measuring"):
     return bar, advance
 
 
-def table(rows: list[dict]) -> widgets.HTML:
-    """A list of flat dicts as an HTML table (keys as the header)."""
-    head = "".join(f"<th style='text-align:left'>{html.escape(str(k))}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(v))}</td>" for v in row.values())
+def table_html(rows: list[dict]) -> str:
+    """A list of flat dicts as an HTML table (keys as the header), every value escaped."""
+    cell = "text-align:left;padding:2px 8px"
+    head = "".join(f"<th style='{cell}'>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row.values())
                    + "</tr>" for row in rows)
-    return widgets.HTML(f"<table><tr>{head}</tr>{body}</table>")
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def table(rows: list[dict]) -> widgets.HTML:
+    """`table_html` as a widget: a view can set its `.value` again when its rows change."""
+    return widgets.HTML(table_html(rows))
 
 
 # ---- lesson 02 (continued)
@@ -619,6 +625,7 @@ class ChunkLab:
         self.figure = interference_figure(list(self.timelines), title)
         self.bars = interference_bars_figure(explore.interference_bars([unchunked, self.timeline]),
                                              f"{title}: summary")
+        self.table = table(explore.interference_rows([unchunked, self.timeline]))  # shown in its own cell
         self.error = ErrorLine()
         self.slider.observe(self.on_change, names="value")
         self.widget = widgets.VBox([self.slider, self.error.widget, self.figure, self.bars])
@@ -630,6 +637,7 @@ class ChunkLab:
             self.timeline = self.run(chunk_tokens=self.slider.value)
             set_interference(self.figure, 2, explore.interference_series(self.timeline))
             set_interference_bars(self.bars, explore.interference_bars([self.unchunked, self.timeline]))
+            self.table.value = table_html(explore.interference_rows([self.unchunked, self.timeline]))
             s = self.timeline.summary()
             self.error.status(f"measured on {s['device_name']}: worst gap {s['itl_max_s'] * 1e3:,.0f} ms, "
                               f"prefill {s['prefill_wall_s'] * 1e3:,.0f} ms")
@@ -678,9 +686,3 @@ class SplitLab:
             self.error.status("")
 
 
-def rows_table(rows: list[dict]) -> widgets.HTML:
-    """Flat dicts as an HTML table, keys as the header."""
-    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(str(k))}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td style='text-align:left;padding:2px 8px'>{html.escape(str(v))}</td>"
-                                    for v in row.values()) + "</tr>" for row in rows)
-    return widgets.HTML(f"<table><tr>{head}</tr>{body}</table>")

@@ -245,7 +245,7 @@ def move_slider(page, slider, timeout_s: float, settle=None) -> dict:
     event, as on a mouse release), wait until every chart in the same cell (or output area) has
     changed, then call `settle()`; report the move and which charts stayed as they were."""
     handle = slider.locator(".noUi-handle").first
-    label = slider.locator(".widget-label").first.inner_text().strip() or "?"
+    label = (slider.locator(".widget-label").first.text_content() or "").strip() or "?"
     value, high = (float(handle.get_attribute(a)) for a in ("aria-valuenow", "aria-valuemax"))
     cell = slider.element_handle().evaluate_handle(
         "el => el.closest('.jp-Cell') || el.closest('.jp-OutputArea') || document.body")

@@ -70,6 +70,15 @@ def test_models_are_reused():
     assert sweeps.get_built_model("lab-tiny", "cpu") is sweeps.get_built_model("lab-tiny", "cpu")
 
 
+def test_a_new_model_is_warmed_up_once_and_left_empty(monkeypatch):
+    warmed = []
+    monkeypatch.setattr(sweeps, "_MODELS", type(sweeps._MODELS)())
+    monkeypatch.setattr(sweeps, "_warm_up", lambda built, real=sweeps._warm_up: (warmed.append(built), real(built)))
+    built = sweeps.get_built_model("lab-tiny", "cpu")
+    assert sweeps.get_built_model("lab-tiny", "cpu") is built and warmed == [built]
+    assert built.cache.host_lengths == [0] and not any(built.cache.active)
+
+
 # ------------------------------------------------------------------ lab-cpu phenomena, by formula
 CPU = explore.lab_settings("cpu")
 LAB_CPU = get_model(CPU["model"])

@@ -56,6 +56,9 @@ def test_chunk_lab_reruns_the_chunked_timeline():
     assert lab.error.last_error is None and lab.timeline.chunk_tokens == 32
     assert list(lab.bars.data[0].x) == ["no chunking", "chunks of 32 tokens"]
     assert len(explore.interference_rows([unchunked, lab.timeline])) == 2
+    # the table (shown in its own cell) follows the slider too, not the chunk it was built with
+    assert lab.table.value == views.table_html(explore.interference_rows([unchunked, lab.timeline]))
+    assert "chunks of 32 tokens" in lab.table.value and "chunks of 64 tokens" not in lab.table.value
 
 
 def test_scaled_shapes_keep_a_decode_phase_and_fit_the_cpu_model():
