@@ -1,37 +1,20 @@
 """kernels.decode_attention against its reference, on plain and quantised KV caches."""
-import os
-import shutil
+import pytest
+import torch
 
-if shutil.which("nvidia-smi") is None:  # no GPU: run the kernels in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernels.decode_attention import (decode_attention, decode_attention_reference,  # noqa: E402
+from kernel_util import CUDA, DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter
+from kernels.decode_attention import (decode_attention, decode_attention_reference,
                                       default_num_splits)
-from kernels.kv_quant import quantize_kv_reference  # noqa: E402
+from kernels.kv_quant import quantize_kv_reference
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+pytestmark = needs_cuda_or_interpreter
 # Kernel and reference read the SAME quantised cache, so these bound arithmetic only: the kernel
 # rounds probabilities (times the int8 V scales) to q's dtype before p @ V; the reference is fp32.
 TOL = {
-    torch.float32: dict(atol=1e-4, rtol=1e-4),
-    torch.float16: dict(atol=2e-3, rtol=2e-3),
-    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+    **FLOAT_TOL,
     "int8": dict(atol=5e-3, rtol=5e-3),  # with fp16 q; fp32 q uses the fp32 row
     "fp8": dict(atol=5e-3, rtol=5e-3),
 }
-
-
-def gpu_only(reason):
-    """Mark a test `gpu` and skip it without CUDA; `reason` says why the interpreter can't run it."""
-    def mark(fn):
-        return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason=f"needs CUDA: {reason}")(fn))
-    return mark
 
 
 def make_case(B, H, Hkv, S_max, D, q_dtype, cache, lengths, seed=0, fp8_scale=0.5):

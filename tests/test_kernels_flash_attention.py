@@ -1,33 +1,14 @@
 """kernels.flash_attention against attention_reference (interpreter on CPU, real kernel on CUDA)."""
-import os
-import shutil
+import pytest
+import torch
 
-if shutil.which("nvidia-smi") is None:  # no GPU: run the kernels in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+from kernel_util import CUDA, DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter
+from kernels.flash_attention import attention_reference, flash_attention
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernels.flash_attention import attention_reference, flash_attention  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+pytestmark = needs_cuda_or_interpreter
 # The kernel rounds the probabilities to the input dtype before p @ v (as every flash kernel
 # does); the reference keeps them in fp32. Outputs are O(1), so atol and rtol are alike.
-TOL = {
-    torch.float32: dict(atol=1e-4, rtol=1e-4),
-    torch.float16: dict(atol=2e-3, rtol=2e-3),
-    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
-}
-
-
-def gpu_only(reason):
-    """Mark a test `gpu` and skip it without CUDA; `reason` says why the interpreter can't run it."""
-    def mark(fn):
-        return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason=f"needs CUDA: {reason}")(fn))
-    return mark
+TOL = FLOAT_TOL
 
 
 def qkv(B, H, Hkv, P, S, D, dtype, seed=0):

@@ -1,30 +1,15 @@
 """kernels.kv_quant: the Triton kernel against the torch reference, and the reference's contract."""
-import os
-import shutil
+import pytest
+import torch
 
-if shutil.which("nvidia-smi") is None:  # no GPU: run the kernels in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernels.kv_quant import (KV_CACHE_DTYPES, dequantize_kv, quantize_kv,  # noqa: E402
+from kernel_util import CUDA, DEVICE, gpu_only, needs_cuda_or_interpreter
+from kernels.kv_quant import (KV_CACHE_DTYPES, dequantize_kv, quantize_kv,
                               quantize_kv_reference)
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+pytestmark = needs_cuda_or_interpreter
 # Int8 codes: kernel and reference use the same fp32 formula, so in the interpreter they agree
 # exactly; CUDA's fp32 division may differ in the last bit, which can move a tie by one code.
 INT8_CODE_TOL = 1 if CUDA else 0
-
-
-def gpu_only(reason):
-    """Mark a test `gpu` and skip it without CUDA; `reason` says why the interpreter can't run it."""
-    def mark(fn):
-        return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason=f"needs CUDA: {reason}")(fn))
-    return mark
 
 
 def randn(*shape, dtype=torch.float32, seed=0, device=DEVICE):
