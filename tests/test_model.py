@@ -167,6 +167,56 @@ def test_mixed_lengths_and_slot_reuse(cache_dtype):
     assert model.cache.host_lengths == [4, 0, 15]
 
 
+# ------------------------------------------------------------------ the CPU's numpy decode step == the torch step
+# Same weights (one seed), same prompts, same order of steps: only the decode step's code differs.
+# Both are fp32; they may differ by summation order (BLAS vs torch) and libm's cos/sin: ~1e-6.
+NUMPY_TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+@pytest.mark.parametrize("batch, lengths", [(1, "equal"), (3, "equal"), (6, "equal"), (3, "mixed")])
+def test_numpy_decode_step_equals_the_torch_step(cache_dtype, batch, lengths):
+    """B <= 4 over an fp32 cache attends in numpy; B = 6, mixed lengths and compact caches use
+    the torch attention inside the numpy step: every branch against the torch step."""
+    fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=3)
+                   for _ in range(2))
+    plain.numpy_decode = None  # the torch step, as on a bf16 model or with the Triton ops
+    assert fast.decode_kernels == "numpy" and plain.decode_kernels == "torch"
+    for model in (fast, plain):
+        if lengths == "equal":
+            model.prefill(tokens_for(30, batch, 9))
+        else:
+            for slot in range(batch):
+                model.prefill_slot(slot, tokens_for(31 + slot, 4 + 7 * slot))
+    for i in range(3):
+        step = tokens_for(40 + i, batch)
+        assert_close(fast.decode_step(step), plain.decode_step(step), NUMPY_TOL, f"step {i}")
+    assert fast.cache.host_lengths == plain.cache.host_lengths
+    for a, b in ((fast.cache.k, plain.cache.k), (fast.cache.v, plain.cache.v)):  # the same K/V written
+        assert_same_codes(a, b, cache_dtype)
+
+
+# One code of each cache dtype: a value ~1e-6 from a rounding boundary may land on either side.
+ONE_CODE = {"bf16": dict(atol=1e-30, rtol=2**-7), "fp8": dict(atol=2**-9, rtol=2**-3), "int8": dict(atol=1, rtol=0)}
+
+
+def assert_same_codes(a, b, cache_dtype):
+    """fp32 caches equal to NUMPY_TOL; compact ones equal but for rare (< 1 %) one-code flips."""
+    if cache_dtype == "fp32":
+        torch.testing.assert_close(a, b, **NUMPY_TOL)
+        return
+    a, b = a.float(), b.float()
+    assert (a != b).float().mean().item() < 0.01, f"{cache_dtype}: {(a != b).sum().item()} codes differ"
+    torch.testing.assert_close(a, b, **ONE_CODE[cache_dtype])
+
+
+def test_numpy_decode_step_only_for_fp32_on_the_cpu():
+    fp32 = Llama(TINY, batch=1, max_tokens=8, device="cpu")
+    assert fp32.numpy_decode is not None and "numpy" in fp32.decode_reason
+    bf16 = Llama(TINY, batch=1, max_tokens=8, device="cpu", compute_dtype="bf16")
+    assert bf16.numpy_decode is None and "bf16" in bf16.decode_reason and bf16.decode_kernels == "torch"
+
+
 def test_misuse_is_explained():
     model = Llama(TINY, batch=2, max_tokens=8, device="cpu")
     with pytest.raises(LabError, match="prefill first"):

@@ -1,0 +1,111 @@
+"""The CPU decode step in numpy: the same layers as `model.Llama.decode_step`, with fewer, cheaper calls.
+
+Why it exists: a decode step of the lab's CPU model is 17 small matrix-vector products and ~200
+elementwise operations on vectors of a few hundred numbers. As torch calls each costs 5-20 us of
+dispatch and OpenMP wake-ups, ~4 ms a step, a third of it; as numpy calls the same arithmetic costs
+1-3 us each. Measured in one process, the two steps alternating 30 times (2-core EPYC VM, lab-cpu,
+fp32 cache, 2026-11-29): B=1 S=0 10.7 -> 6.8 ms, B=1 S=1024 13.0 -> 9.8 ms, B=4 S=1024 18.1 ->
+13.6 ms; at B=16 equal (the products dominate, and torch's SDPA reads a large cache faster than
+numpy's batched matmul, so it keeps that part).
+
+Nothing is copied: the weights are numpy views of the model's tensors, and K/V go into the model's
+own `KVCache` through `KVCache.update` (which quantises for bf16/fp8/int8 caches). Attention over an
+fp32 cache with equal lengths and B <= NUMPY_ATTENTION_MAX_BATCH runs here; otherwise (a compact
+cache, mixed lengths, larger batches) the model's torch attention runs on views of the same arrays.
+`tests/test_model.py` holds this step to the torch step for every cache dtype.
+
+Shapes: tokens [B]; x [B, d]; qkv [B, H + 2 Hkv, dh]; K, V [B, Hkv, S, dh]; logits [B, V] fp32.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+NUMPY_ATTENTION_MAX_BATCH = 4  # above it torch's SDPA read the fp32 cache faster (B=16: 1.2-1.3x)
+
+
+def applies(model) -> tuple[bool, str]:
+    """(use the numpy step?, why): only for fp32 on the CPU with the torch ops (numpy has no
+    bf16, and the Triton path is what the CUDA model and the interpreter tests run)."""
+    if model.device.type != "cpu":
+        return False, "not on the CPU"
+    if model.compute_dtype != "fp32":
+        return False, f"compute dtype {model.compute_dtype} (numpy has fp32 only)"
+    if model.ops.name != "torch":
+        return False, f"{model.ops.name} kernels asked for"
+    return True, "CPU, fp32: numpy decode step"
+
+
+class NumpyDecode:
+    """`decode(tokens, positions, attend, max_length, mixed)` for a CPU fp32 `Llama` (see the module
+    docstring); arguments as `Llama.decode_step` computes them."""
+
+    def __init__(self, model):
+        self.model = model
+        view = lambda w: w.detach().numpy()  # noqa: E731 — shares memory with the model's tensor
+        # [in, out] views of the [out, in] weights: contiguous, as the CPU model stores them
+        self.layers = [(view(L.attn_norm), view(L.wqkv).T, view(L.wo).T, view(L.mlp_norm),
+                        view(L.w_gate_up).T, view(L.w_down).T) for L in model.layers]
+        self.embed, self.norm = view(model.embed), view(model.norm)  # [V, d], [d]
+        self.head = view(model.head_weight).T  # [d, V]
+        spec = model.spec
+        # torch's own fp32 inverse frequencies (model.rope_angles' formula), so angles match bit for bit
+        self.inv_freq = (spec.rope_theta ** (-torch.arange(0, spec.head_dim, 2, dtype=torch.float32)
+                                             / spec.head_dim)).numpy()  # [dh/2]
+
+    def decode(self, tokens, positions, attend, max_length: int, mixed: bool) -> torch.Tensor:
+        from .model import blas_matmul
+        model, spec, cache = self.model, self.model.spec, self.model.cache
+        B, H, Hkv, dh = tokens.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
+        at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
+        cos, sin = self._rope(at)  # [B or 1, 1, dh]
+        here = (not mixed and cache.cache_dtype == "fp32" and B <= NUMPY_ATTENTION_MAX_BATCH)
+        x = self.embed[tokens.numpy()]  # [B, d]
+        for i, (attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down) in enumerate(self.layers):
+            qkv = blas_matmul(self._rms(x, attn_norm), wqkv).reshape(B, H + 2 * Hkv, dh)
+            qk = self._rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
+            k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
+            cache.update(i, k, v, positions)
+            if here:
+                o = self._attention(qk[:, :H], cache, i, max_length)
+            else:
+                o = model.ops.decode_attention(torch.from_numpy(qk[:, :H]), cache, i, attend, max_length,
+                                               mixed).numpy()
+            x = x + blas_matmul(o.reshape(B, H * dh), wo)
+            gate_up = blas_matmul(self._rms(x, mlp_norm), w_gate_up)  # [B, 2 ffn]
+            gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
+            # silu(g) = g * sigmoid(g), with sigmoid through tanh: no overflow warning for large -g
+            x = x + blas_matmul(gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up, w_down)
+        return torch.from_numpy(blas_matmul(self._rms(x, self.norm), self.head))
+
+    def _rms(self, x, weight):
+        """x / rms(x) * weight over the last axis, fp32, as `model.rms_norm`."""
+        return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.model.spec.norm_eps)) * weight
+
+    def _rope(self, positions):
+        """(cos, sin) [n, 1, dh] for positions [n], laid out as `model.rope_angles`: (cos, cos) and
+        (-sin, +sin) over the two halves."""
+        angles = positions.astype(np.float32)[:, None] * self.inv_freq  # [n, dh/2]
+        cos, sin = np.cos(angles), np.sin(angles)
+        return (np.concatenate((cos, cos), axis=-1)[:, None],
+                np.concatenate((-sin, sin), axis=-1)[:, None])
+
+    @staticmethod
+    def _rotate(x, cos, sin):
+        """Rotary embedding, Hugging Face layout: x * (cos, cos) + swap(x) * (-sin, sin), where
+        swap exchanges the two halves of the head dimension. x [B, n, dh] -> a new array."""
+        half = x.shape[-1] // 2
+        return x * cos + np.concatenate((x[..., half:], x[..., :half]), axis=-1) * sin
+
+    def _attention(self, q, cache, layer, max_length):
+        """q [B, H, dh] over the first max_length positions of an fp32 cache -> [B, H, dh]. The
+        G = H / Hkv query heads of a kv head share one read of its K and V."""
+        B, H, dh = q.shape
+        Hkv = cache.spec.n_kv_heads
+        K = cache.k[layer, :, :, :max_length].numpy()  # [B, Hkv, S, dh], a view
+        V = cache.v[layer, :, :, :max_length].numpy()
+        scores = np.matmul(q.reshape(B, Hkv, H // Hkv, dh) * (dh ** -0.5), K.transpose(0, 1, 3, 2))  # [B, Hkv, G, S]
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        return np.matmul(scores, V).reshape(B, H, dh)
