@@ -83,12 +83,13 @@ def test_the_app_listens_on_loopback_only_and_refuses_requests_without_the_token
         assert "jp-OutputArea" not in body and Path(notebook).stem not in body  # nothing of the lesson leaks
 
 
-# Known intermittent failure (issue 5, open). Seen in two fresh-clone CI runs on 2026-11-29, each time
-# in lesson 01, the first test of the session. The kernel handled the move: the status line under
-# the chart read "measured ... ms". The chart, though, kept its old points. Locally the test passed
-# 13 times in a row. Suspected cause: plotly's FigureWidget view draws with an asynchronous newPlot,
-# and an update that arrives before newPlot finishes is lost; the next move redraws every point.
-# Kept running, so a fix shows as XPASS.
+# Known intermittent failure (issue 5, open). Seen twice on 2026-11-29, both times in lesson 01: at
+# 13:57 UTC in the working tree, and at 15:5x in a fresh-clone CI run, where it was the session's first
+# test. The kernel handled the move: the status line under the chart read "measured ... ms". The chart,
+# though, kept its old points. It passed in 13 other runs here and in another fresh-clone run.
+# Suspected cause: plotly's FigureWidget view draws with an asynchronous newPlot, and an update that
+# arrives before newPlot finishes is lost; the next move redraws every point. Kept running, so a fix
+# shows as XPASS.
 @pytest.mark.xfail(reason="Voilà: the first slider move after a cold load may not redraw the chart "
                           "(open, issue 5)", strict=False)
 @pytest.mark.timeout(LOAD_TIMEOUT_S + 2 * MOVE_TIMEOUT_S + 60)
