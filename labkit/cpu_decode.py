@@ -41,6 +41,7 @@ class NumpyDecode:
     docstring); arguments as `Llama.decode_step` computes them."""
 
     def __init__(self, model):
+        from .model import rope_inverse_frequencies
         self.model = model
         view = lambda w: w.detach().numpy()  # noqa: E731 — shares memory with the model's tensor
         # [in, out] views of the [out, in] weights: contiguous, as the CPU model stores them
@@ -49,9 +50,8 @@ class NumpyDecode:
         self.embed, self.norm = view(model.embed), view(model.norm)  # [V, d], [d]
         self.head = view(model.head_weight).T  # [d, V]
         spec = model.spec
-        # torch's own fp32 inverse frequencies (model.rope_angles' formula), so angles match bit for bit
-        self.inv_freq = (spec.rope_theta ** (-torch.arange(0, spec.head_dim, 2, dtype=torch.float32)
-                                             / spec.head_dim)).numpy()  # [dh/2]
+        # the torch step's own fp32 frequencies, so the angles match it bit for bit
+        self.inv_freq = rope_inverse_frequencies(spec.head_dim, spec.rope_theta).numpy()  # [dh/2]
 
     def decode(self, tokens, positions, attend, max_length: int, mixed: bool) -> torch.Tensor:
         from .model import blas_matmul

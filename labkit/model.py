@@ -299,13 +299,18 @@ def rms_norm(x, weight, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
+def rope_inverse_frequencies(head_dim, theta, device="cpu"):
+    """theta ** (-2i / dh) for i < dh/2, fp32 [dh/2]: the rotation speed of each pair of dims."""
+    return theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+
+
 def rope_angles(positions, head_dim, theta):
     """(cos, sin) of the rotary angles, once per forward pass and shared by every layer.
 
     positions [T] or [B, T] (absolute, int) -> cos, sin [T, 1, 2, dh/2] or [B, T, 1, 2, dh/2]
     in fp32, laid out for `apply_rope` on x [B, T, heads, dh] viewed as [B, T, heads, 2, dh/2]:
     cos is (cos, cos) and sin is (-sin, +sin) over the two halves."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    inv_freq = rope_inverse_frequencies(head_dim, theta, positions.device)  # [dh/2]
     angles = positions.float()[..., None] * inv_freq  # [T, dh/2] or [B, T, dh/2]
     cos, sin = angles.cos()[..., None, None, :], angles.sin()[..., None, None, :]  # [.., T, 1, 1, dh/2]
     return torch.cat((cos, cos), dim=-2), torch.cat((-sin, sin), dim=-2)
@@ -512,13 +517,12 @@ class Llama(nn.Module):
         ends = [n + 1 for n in cache.host_lengths]
         mixed = len(set(ends)) > 1
         positions = cache.lengths if mixed else cache.host_lengths[0]
-        if self.numpy_decode is None:
-            where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
-            rope = rope_angles(where, self.spec.head_dim, self.spec.rope_theta)
         attend = cache.lengths + 1  # [B] keys each query sees, the new one included
         if self.numpy_decode is not None:  # CPU, fp32: the same layers as numpy calls (cpu_decode)
             logits = self.numpy_decode.decode(tokens, positions, attend, max(ends), mixed)
         else:
+            where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
+            rope = rope_angles(where, self.spec.head_dim, self.spec.rope_theta)
             x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
             for i, layer in enumerate(self.layers):
                 q, k, v = self._qkv(layer, x, rope)

@@ -48,8 +48,7 @@ def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int
 def serve_shapes(model: str, shapes: list[dict], device: str | None = None, progress=None) -> list[dict]:
     """`serve_request` once for each shape (dicts with prompt_tokens, output_tokens, as
     `explore.scaled_shapes` gives them); progress(done, total) after each."""
-    serve_request(model, 16, 2, device=device)  # untimed warm-up: first-call allocations, thread pools
-    results = []
+    results = []  # no warm-up here: sweeps.get_built_model warms a model up once when it builds it
     for i, shape in enumerate(shapes):
         results.append(serve_request(model, shape["prompt_tokens"], shape["output_tokens"], device=device))
         if progress:
