@@ -7,8 +7,8 @@ no browser) and shows errors as one line under itself instead of a traceback.
 from __future__ import annotations
 
 import contextlib
-import copy
 import html
+import json
 import sys
 
 
@@ -35,8 +35,9 @@ def _without_iri_format_checker():
 with _without_iri_format_checker():
     import ipywidgets as widgets
     import plotly.graph_objects as go
+    import plotly.io as pio
     from plotly.subplots import make_subplots
-    _PlotlyFigureWidget = go.FigureWidget  # lazy in plotly: this attribute is what imports nbformat
+    pio.renderers  # noqa: B018 — lazy in plotly: this is what imports nbformat, which every chart's display needs
 
 from . import explore
 
@@ -64,24 +65,53 @@ def roofline_figure(curves: list[dict], points: list[list[dict]], title: str) ->
     return fig
 
 
-class FigureWidget(_PlotlyFigureWidget):
-    """A plotly FigureWidget whose widget state is always the whole current figure.
+class LiveFigure(go.Figure):
+    """A plotly figure shown live: `.widget` (an ipywidgets Output) is redrawn, whole, after every
+    change plotly reports (a batch update, an added trace, a relayout). Display `.widget`, or the
+    figure itself, which shows the same widget.
 
-    plotly sends later changes (add_scatter, restyles, batch updates) to the browser as deltas and
-    refreshes the synced `_widget_data`/`_widget_layout` only when the figure itself is displayed.
-    Inside a VBox it never is, so a front end that asks the kernel for the state (Voilà when the
-    page loads, JupyterLab when it reconnects) got the figure as first built: an empty chart.
+    Why not plotly's FigureWidget: it is an anywidget whose 5 MB front-end module is compiled once
+    per chart, and anywidget 0.11 gives each chart 2 s to become ready; a chart that misses that
+    drops every later update for good (manzt/anywidget#828 added the deadline). A Voilà page, or
+    JupyterLab reopening a notebook, creates all its charts at once, so on a 2-core machine the
+    second chart missed it and never redrew when its slider moved. Here the whole figure (a few kB)
+    goes to the plotly renderer that draws every other chart: no per-chart module, no deadline,
+    no deltas to lose, and a page that loads late still gets the current figure.
     """
 
-    def get_state(self, key=None, drop_defaults=False):
-        state = super().get_state(key, drop_defaults)
-        if getattr(self, "_layout_obj", None) is None:  # asked while plotly is still building it
-            return state
-        for name, value in (("_widget_data", self._data), ("_widget_layout", self._layout_obj._props)):
-            if name in state:
-                to_json = self.trait_metadata(name, "to_json", self._trait_to_json)
-                state[name] = to_json(copy.deepcopy(value), self)
-        return state
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._output = widgets.Output()
+        self._shown = False  # nothing is sent to a front end until the widget is asked for
+
+    @property
+    def widget(self) -> widgets.Output:
+        if not self._shown:
+            self._shown = True
+            self._redraw()
+        return self._output
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        return self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+
+    def mime_bundle(self) -> dict:
+        """What the Output shows: plotly's JSON mime type, and the title as plain text."""
+        return {"application/vnd.plotly.v1+json": json.loads(pio.to_json(self, validate=False, remove_uids=False)),
+                "text/plain": f"<chart: {self.layout.title.text or 'untitled'}>"}
+
+    def _redraw(self):
+        if not getattr(self, "_shown", False):  # still being built, or not displayed yet
+            return
+        # The Output keeps its height while the new chart renders, so the page does not jump.
+        self._output.layout.min_height = f"{self.layout.height or 450}px"
+        self._output.outputs = ({"output_type": "display_data", "data": self.mime_bundle(), "metadata": {}},)
+
+    # plotly calls these after applying each change (a FigureWidget forwards them to its views).
+    def _send_addTraces_msg(self, *args, **kwargs):
+        self._redraw()
+
+    _send_moveTraces_msg = _send_deleteTraces_msg = _send_restyle_msg = _send_addTraces_msg
+    _send_relayout_msg = _send_update_msg = _send_animate_msg = _send_addTraces_msg
 
 
 class ErrorLine:
@@ -107,9 +137,9 @@ class ErrorLine:
 
 
 def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, title: str,
-                                 log_y: bool = False) -> go.FigureWidget:
+                                 log_y: bool = False) -> LiveFigure:
     """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1)."""
-    fig = FigureWidget(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
+    fig = LiveFigure(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
                                      vertical_spacing=0.06))
     fig.add_scatter(x=predicted[x_key], y=predicted["predicted_time_s"], mode="lines",
                     line=PREDICTED, name="predicted (calibrated roofline)", row=1, col=1)
@@ -124,7 +154,7 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
     return fig
 
 
-def set_measured(fig: go.FigureWidget, series: dict):
+def set_measured(fig: LiveFigure, series: dict):
     """Put `explore.measured_series` output into the measured, noisy and residual traces."""
     clean = [i for i, noisy in enumerate(series["noisy"]) if not noisy]
     noisy = [i for i, flag in enumerate(series["noisy"]) if flag]
@@ -156,7 +186,7 @@ class SliderLab:
         for slider in sliders.values():
             slider.continuous_update = False
             slider.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([widgets.HBox(list(sliders.values())), self.figure, self.error.widget])
+        self.widget = widgets.VBox([widgets.HBox(list(sliders.values())), self.figure.widget, self.error.widget])
 
     def prime(self, settings: list[dict]):
         """Measure a first few points (with a progress bar) so the chart starts with a curve."""
@@ -211,10 +241,10 @@ def prefill_terms_figure(terms: dict, title: str) -> go.Figure:
     return fig
 
 
-def share_figure(curves: list[dict], title: str) -> go.FigureWidget:
+def share_figure(curves: list[dict], title: str) -> LiveFigure:
     """Attention's share of prefill FLOPs against P (log x), one line per model, each
     crossover marked where the share reaches one half."""
-    fig = FigureWidget()
+    fig = LiveFigure()
     for curve in curves:
         fig.add_scatter(x=curve["prompt_tokens"], y=curve["attention_share"], mode="lines", name=curve["model"])
     fig.add_scatter(x=[c["crossover_tokens"] for c in curves], y=[0.5] * len(curves), mode="markers+text",
@@ -227,7 +257,7 @@ def share_figure(curves: list[dict], title: str) -> go.FigureWidget:
     return fig
 
 
-def set_share_curves(fig: go.FigureWidget, curves: list[dict]):
+def set_share_curves(fig: LiveFigure, curves: list[dict]):
     """Put new `explore.share_curves` into a `share_figure` (same models, same order)."""
     with fig.batch_update():
         for trace, curve in zip(fig.data, curves):
@@ -245,7 +275,7 @@ class ToggleView:
                                             style={"description_width": "initial"})
         self.figure, self.redraw, self.error = figure, redraw, ErrorLine()
         self.toggle.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([self.toggle, figure, self.error.widget])
+        self.widget = widgets.VBox([self.toggle, figure.widget, self.error.widget])
 
     def on_change(self, _change=None):
         with self.error.guard():
@@ -355,10 +385,10 @@ def _shade_regimes(fig, bands: list[dict], axis: str = "x", **where):
             annotation_position="top left" if axis == "y" else "top", **where)
 
 
-def decode_readout_figure(bands: list[dict]) -> go.FigureWidget:
+def decode_readout_figure(bands: list[dict]) -> LiveFigure:
     """Three panels for one decode measurement: step time and tokens/s (measured beside
     predicted), and the cache's share of the step's read against the three regimes."""
-    fig = FigureWidget(make_subplots(rows=1, cols=3, column_widths=[0.22, 0.22, 0.56], horizontal_spacing=0.09,
+    fig = LiveFigure(make_subplots(rows=1, cols=3, column_widths=[0.22, 0.22, 0.56], horizontal_spacing=0.09,
                                      subplot_titles=["step time (ms)", "tokens/s", "the cache's share of one step's read"]))
     for col in (1, 2):
         fig.add_bar(x=["measured", "predicted"], y=[0, 0], marker=dict(color=[MEASURED["color"], PREDICTED["color"]]),
@@ -371,7 +401,7 @@ def decode_readout_figure(bands: list[dict]) -> go.FigureWidget:
     return fig
 
 
-def set_decode_readout(fig: go.FigureWidget, readout: dict):
+def set_decode_readout(fig: LiveFigure, readout: dict):
     """Put an `explore.decode_readout` into a `decode_readout_figure`."""
     gb = 1e9
     with fig.batch_update():
@@ -395,7 +425,7 @@ class MeasureLab:
             if hasattr(control, "continuous_update"):
                 control.continuous_update = False
             control.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([widgets.HBox(list(controls.values())), figure, self.error.widget])
+        self.widget = widgets.VBox([widgets.HBox(list(controls.values())), figure.widget, self.error.widget])
 
     def values(self) -> dict:
         return {name: control.value for name, control in self.controls.items()}
@@ -415,7 +445,7 @@ def toggle(name: str, options: list, value=None) -> widgets.ToggleButtons:
                                  style={"description_width": "initial", "button_width": "60px"})
 
 
-def draw_decode(fig: go.FigureWidget, record: dict):
+def draw_decode(fig: LiveFigure, record: dict):
     """`MeasureLab` draw for decode: one `sweeps.measure_decode` record into the readout."""
     set_decode_readout(fig, explore.decode_readout(record))
 
@@ -504,9 +534,9 @@ def progress_bar(total: int, description: str = "measuring"):
     return bar, advance
 
 
-def batching_figure(bars: dict, title: str) -> go.FigureWidget:
+def batching_figure(bars: dict, title: str) -> LiveFigure:
     """Slot utilisation and throughput side by side, static vs continuous, from `explore.batching_bars`."""
-    fig = FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+    fig = LiveFigure(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                                      subplot_titles=("slot utilisation (%)", "output throughput (tokens/s)")))
     for policy, style in (("static", STATIC), ("continuous", CONTINUOUS)):
         fig.add_bar(x=[], y=[], marker=style, name=f"{policy} batching", row=1, col=1)
@@ -518,7 +548,7 @@ def batching_figure(bars: dict, title: str) -> go.FigureWidget:
     return fig
 
 
-def set_batching(fig: go.FigureWidget, bars: dict):
+def set_batching(fig: LiveFigure, bars: dict):
     """Put `explore.batching_bars` output into the four bar traces."""
     with fig.batch_update():
         for i, policy in enumerate(("static", "continuous")):
@@ -538,7 +568,7 @@ class BatchingLab:
         self.figure = batching_figure(bars(max_batch), title)
         self.error = ErrorLine()
         self.slider.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([self.slider, self.figure, self.error.widget])
+        self.widget = widgets.VBox([self.slider, self.figure.widget, self.error.widget])
 
     def on_change(self, _change=None):
         with self.error.guard():
@@ -560,10 +590,10 @@ def step_time_figure(curves: list[dict], title: str) -> go.Figure:
 
 
 # ---- lesson 06: a long prefill among decoding streams
-def interference_figure(series: list[dict], title: str) -> go.FigureWidget:
+def interference_figure(series: list[dict], title: str) -> LiveFigure:
     """One row per timeline (`explore.interference_series`): the gap before each stream token
     (ms) at the time it arrived, prefill chunks shaded."""
-    fig = FigureWidget(make_subplots(rows=len(series), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+    fig = LiveFigure(make_subplots(rows=len(series), cols=1, shared_xaxes=True, vertical_spacing=0.12,
                                      subplot_titles=[s["name"] for s in series]))
     for row, s in enumerate(series, start=1):
         fig.add_bar(x=[], y=[], marker=MEASURED, name="gap before a stream token", showlegend=row == 1, row=row, col=1)
@@ -575,7 +605,7 @@ def interference_figure(series: list[dict], title: str) -> go.FigureWidget:
     return fig
 
 
-def set_interference(fig: go.FigureWidget, row: int, series: dict):
+def set_interference(fig: LiveFigure, row: int, series: dict):
     """Redraw row `row` of an `interference_figure` from `explore.interference_series`."""
     with fig.batch_update():
         trace = fig.data[row - 1]
@@ -589,9 +619,9 @@ def set_interference(fig: go.FigureWidget, row: int, series: dict):
         fig.layout.shapes = keep + chunks
 
 
-def interference_bars_figure(bars: dict, title: str) -> go.FigureWidget:
+def interference_bars_figure(bars: dict, title: str) -> LiveFigure:
     """The streams' worst and p99 gap beside the long prompt's prefill time, per timeline."""
-    fig = FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+    fig = LiveFigure(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                                      subplot_titles=("streams: gap between tokens (ms)",
                                                      "long prompt: prefill time (ms)")))
     fig.add_bar(x=[], y=[], name="worst gap", marker=MEASURED, row=1, col=1)
@@ -604,7 +634,7 @@ def interference_bars_figure(bars: dict, title: str) -> go.FigureWidget:
     return fig
 
 
-def set_interference_bars(fig: go.FigureWidget, bars: dict):
+def set_interference_bars(fig: LiveFigure, bars: dict):
     keys = ("itl_max_ms", "itl_p99_ms", "itl_undisturbed_ms", "prefill_wall_ms", "prefill_compute_ms")
     with fig.batch_update():
         for trace, key in zip(fig.data, keys):
@@ -628,7 +658,7 @@ class ChunkLab:
         self.table = table(explore.interference_rows([unchunked, self.timeline]))  # shown in its own cell
         self.error = ErrorLine()
         self.slider.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([self.slider, self.error.widget, self.figure, self.bars])
+        self.widget = widgets.VBox([self.slider, self.error.widget, self.figure.widget, self.bars.widget])
 
     def on_change(self, _change=None):
         from . import explore
@@ -644,10 +674,10 @@ class ChunkLab:
 
 
 # ---- lesson 07: where a request's time goes
-def split_figure(split: dict, title: str) -> go.FigureWidget:
+def split_figure(split: dict, title: str) -> LiveFigure:
     """Prefill and decode shares (%) per workload, stacked horizontal bars (`explore.predicted_split`
     or `explore.measured_split`)."""
-    fig = FigureWidget()
+    fig = LiveFigure()
     fig.add_bar(y=[], x=[], orientation="h", name="prefill", marker=dict(color="#ff7f0e"))
     fig.add_bar(y=[], x=[], orientation="h", name="decode", marker=PREDICTED)
     fig.update_xaxes(title="share of the request's time (%)", range=[0, 100])
@@ -658,7 +688,7 @@ def split_figure(split: dict, title: str) -> go.FigureWidget:
     return fig
 
 
-def set_split(fig: go.FigureWidget, split: dict):
+def set_split(fig: LiveFigure, split: dict):
     with fig.batch_update():
         for trace, key in zip(fig.data, ("prefill_pct", "decode_pct")):
             trace.y, trace.x = split["titles"], split[key]
@@ -678,7 +708,7 @@ class SplitLab:
         self.error = ErrorLine()
         self.gpu.observe(self.on_change, names="value")
         self.batch.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.gpu, self.batch]), self.figure, self.error.widget])
+        self.widget = widgets.VBox([widgets.HBox([self.gpu, self.batch]), self.figure.widget, self.error.widget])
 
     def on_change(self, _change=None):
         with self.error.guard():

@@ -239,6 +239,26 @@ def page_errors(page) -> list[str]:
     return page.evaluate(f"({ERRORS_JS})(document)")
 
 
+# Counts that stop changing once every widget view and every chart has rendered (plotly's
+# renderer loads plotly.js the first time it draws).
+RENDERED_JS = """() => [document.querySelectorAll('.js-plotly-plot').length,
+  [...document.querySelectorAll('.js-plotly-plot')].filter(g => g._fullLayout).length,
+  document.querySelectorAll('.widget-slider').length, document.querySelectorAll('.jupyter-widgets').length]"""
+
+
+def wait_for_widgets(page, timeout_s: float = 60):
+    """Until the rendered charts, sliders and widgets stop changing for 1 s, with every chart drawn."""
+    deadline, last, stable_since = time.monotonic() + timeout_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        counts = page.evaluate(RENDERED_JS)
+        if counts != last:
+            last, stable_since = counts, time.monotonic()
+        elif counts[0] == counts[1] and time.monotonic() - stable_since >= 1:
+            return counts
+        page.wait_for_timeout(250)
+    return last
+
+
 def move_slider(page, slider, timeout_s: float, settle=None) -> dict:
     """Move one ipywidgets slider a step with the keyboard on its noUiSlider handle (ArrowRight,
     or ArrowLeft at the maximum; with continuous_update=False the value is sent on the change

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from browser_util import (ROOT, SCREENSHOTS, full_screenshot, launch_chromium, move_slider, page_errors,
-                          start_jupyter_lab, sync_playwright)
+                          start_jupyter_lab, sync_playwright, wait_for_widgets)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 RUN_TIMEOUT_S = 300  # one notebook's cells, LABKIT_QUICK=1, on 2 cores
@@ -112,11 +112,6 @@ CELL_REPORT_JS = """() => {
   return {unrun, errors, runAll: window.__labkitRunAll};
 }"""
 
-# Counts that stop changing once every widget view (plotly's bundle is large) has rendered.
-RENDERED_JS = """() => [document.querySelectorAll('.js-plotly-plot').length,
-  [...document.querySelectorAll('.js-plotly-plot')].filter(g => g._fullLayout).length,
-  document.querySelectorAll('.widget-slider').length, document.querySelectorAll('.jupyter-widgets').length]"""
-
 def open_notebook(page, server, notebook: Path):
     path = f"notebooks/{notebook.name}"
     page.evaluate(OPEN_JS, path)
@@ -134,20 +129,6 @@ def run_all_cells(page, notebook: Path):
     assert report["runAll"] == "done", f"{notebook.name}: run-all-cells {report['runAll']}"
     assert not report["errors"], f"{notebook.name}: cells raised: {report['errors']}"
     assert not report["unrun"], f"{notebook.name}: code cells {report['unrun']} did not run"
-
-
-def wait_for_widgets(page, timeout_s: float = 60):
-    """Until the rendered plots/sliders/widgets stop changing for 1 s (each FigureWidget view
-    imports plotly's bundle first)."""
-    deadline, last, stable_since = time.monotonic() + timeout_s, None, time.monotonic()
-    while time.monotonic() < deadline:
-        counts = page.evaluate(RENDERED_JS)
-        if counts != last:
-            last, stable_since = counts, time.monotonic()
-        elif counts[0] == counts[1] and time.monotonic() - stable_since >= 1:
-            return counts
-        page.wait_for_timeout(250)
-    return last
 
 
 def empty_charts(page) -> list[int]:
@@ -196,18 +177,9 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
     try:
         open_and_run(page, server, notebook)
         assert page_errors(page) == [], f"{notebook.name}: errors on the page after running"
-        if empty_charts(page):
-            # A FigureWidget view drawn with no figure (no trace, no title) stays empty. Before
-            # views.FigureWidget reported its whole figure as widget state, this happened about
-            # once in fifteen notebook runs here; should it come back, keep a picture, say so
-            # and run the notebook once more: twice in a row fails.
-            empty = empty_charts(page)
-            full_screenshot(page, SCREENSHOTS / f"{notebook.stem}-empty-charts.png")
-            close(page, server).join(30)
-            warnings.warn(f"{notebook.name}: plotly charts {empty} were drawn empty; ran the notebook again "
-                          f"(see build/screenshots/{notebook.stem}-empty-charts.png)")
-            open_and_run(page, server, notebook)
-            assert empty_charts(page) == [], f"{notebook.name}: plotly charts drawn empty twice in a row"
+        # Once plotly's FigureWidget drew a chart with no figure about once in fifteen runs; the
+        # lessons' charts (views.LiveFigure) now always carry their whole figure.
+        assert empty_charts(page) == [], f"{notebook.name}: plotly charts drawn empty"
         moves = [move_slider(page, slider, MOVE_TIMEOUT_S, settle=lambda: wait_until_idle(page))
                  for slider in page.locator(".widget-slider").all()]
         print(f"{notebook.name}: sliders moved: {moves}")

@@ -280,20 +280,37 @@ def test_a_float_slider_value_reaching_an_integer_shape_is_explained(prefill_lab
     assert lab.error.last_error is not None and "⚠" in error_text(lab)
 
 
-def test_a_figure_inside_a_container_reports_its_whole_figure_as_widget_state():
-    # Voilà builds each widget from the state the kernel reports when the page loads. plotly
-    # refreshes that state only when the figure itself is displayed, never inside a VBox:
-    # without labkit's FigureWidget, the lesson app drew every slider chart empty.
+def test_a_chart_inside_a_container_holds_its_whole_current_figure_as_widget_state():
+    # Voilà, and JupyterLab reopening a notebook, build each widget from the state the kernel
+    # reports when the page loads, and they may load after the last change: the chart's state
+    # must be the whole current figure, never the figure as first built plus deltas.
     predicted = {"prompt_tokens": [64, 128], "predicted_time_s": [1e-3, 2e-3]}
     lab = views.SliderLab({"prompt_tokens": views.int_slider("P", 64, 64, 128, 64)},
                           lambda prompt_tokens: {"prompt_tokens": prompt_tokens, "time_s": 1e-3,
                                                  "predicted_time_s": 1e-3, "device": "cpu"},
                           predicted, "prompt_tokens", "P", "title")
     lab.prime([{"prompt_tokens": 64}])
-    state = lab.figure.get_state()
-    assert [trace["type"] for trace in state["_widget_data"]] == ["scatter", "scatter", "scatter", "bar"]
-    assert state["_widget_data"][1]["x"] == [64]  # the primed point, added after construction
-    assert state["_widget_layout"]["title"]["text"] == "title"
+    lab.sliders["prompt_tokens"].value = 128
+
+    (shown,) = lab.figure.widget.get_state()["outputs"]
+    figure = shown["data"]["application/vnd.plotly.v1+json"]
+    assert [trace["type"] for trace in figure["data"]] == ["scatter", "scatter", "scatter", "bar"]
+    assert figure["data"][1]["x"] == [64, 128]  # the primed point and the slider's, both added after construction
+    assert figure["layout"]["title"]["text"] == "title"
+    json.dumps(shown)  # what the widget sends is plain JSON
+
+
+def test_a_chart_is_sent_to_the_browser_only_once_shown_and_then_after_every_change():
+    fig = views.measured_vs_predicted_figure("P", {"p": [1, 2], "predicted_time_s": [1.0, 2.0]}, "p", "t")
+    fig.add_scatter(x=[1], y=[1])
+    assert fig._output.outputs == ()  # built, not shown: nothing sent yet
+    assert fig.widget is fig.widget and len(fig.widget.outputs) == 1
+    drawn = lambda: fig.widget.outputs[0]["data"]["application/vnd.plotly.v1+json"]  # noqa: E731
+    assert len(drawn()["data"]) == 5
+    views.add_band(fig, [1, 2], [1, 1], [2, 2], "low", "band", row=1)  # traces added after display
+    fig.layout.title = "new title"                                     # a property set outside a batch
+    assert len(drawn()["data"]) == 7 and drawn()["layout"]["title"]["text"] == "new title"
+    assert fig._repr_mimebundle_()["application/vnd.jupyter.widget-view+json"]["model_id"] == fig.widget.model_id
 
 
 # ------------------------------------------------------------------ recordings
