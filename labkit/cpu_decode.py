@@ -5,14 +5,15 @@ elementwise operations on vectors of a few hundred numbers. As torch calls each 
 dispatch and OpenMP wake-ups, ~4 ms a step, a third of it; as numpy calls the same arithmetic costs
 1-3 us each. Measured in one process, the two steps alternating 30 times (2-core EPYC VM, lab-cpu,
 fp32 cache, 2026-11-29): B=1 S=0 10.7 -> 6.8 ms, B=1 S=1024 13.0 -> 9.8 ms, B=4 S=1024 18.1 ->
-13.6 ms; at B=16 equal (the products dominate, and torch's SDPA reads a large cache faster than
-numpy's batched matmul, so it keeps that part).
+13.6 ms; at B=16 equal (the products dominate).
 
-Nothing is copied: the weights are numpy views of the model's tensors, and K/V go into the model's
-own `KVCache` through `KVCache.update` (which quantises for bf16/fp8/int8 caches). Attention over an
-fp32 cache with equal lengths and B <= NUMPY_ATTENTION_MAX_BATCH runs here; otherwise (a compact
-cache, mixed lengths, larger batches) the model's torch attention runs on views of the same arrays.
-`tests/test_model.py` holds this step to the torch step for every cache dtype.
+Nothing is copied: the weights are numpy views of the model's tensors. An fp32 cache at equal
+lengths is written and read here through numpy views of its own buffers (at B >= 2 over a large
+cache, each core attends for a share of the rows: in one process, steps alternating with the
+single-threaded version, B=4 S=4096 29 -> 22 ms and B=16 S=4096 92 -> 59 ms, as fast as torch's
+SDPA, 2026-11-29). A compact cache or mixed lengths go through `KVCache.update` (which quantises)
+and the model's torch attention, on views of the same arrays. `tests/test_model.py` holds this
+step to the torch step for every cache dtype and each of these branches.
 
 Shapes: tokens [B]; x [B, d]; qkv [B, H + 2 Hkv, dh]; K, V [B, Hkv, S, dh]; logits [B, V] fp32.
 """
@@ -21,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-NUMPY_ATTENTION_MAX_BATCH = 4  # above it torch's SDPA read the fp32 cache faster (B=16: 1.2-1.3x)
+from .model import CORES, blas_matmul, on_every_core, rope_inverse_frequencies
+
+ATTENTION_SPLIT_MIN_BYTES = 1 << 20  # K+V a step reads in one layer above which rows go to every core
 
 
 def applies(model) -> tuple[bool, str]:
@@ -41,7 +44,6 @@ class NumpyDecode:
     docstring); arguments as `Llama.decode_step` computes them."""
 
     def __init__(self, model):
-        from .model import rope_inverse_frequencies
         self.model = model
         view = lambda w: w.detach().numpy()  # noqa: E731 — shares memory with the model's tensor
         # [in, out] views of the [out, in] weights: contiguous, as the CPU model stores them
@@ -54,21 +56,25 @@ class NumpyDecode:
         self.inv_freq = rope_inverse_frequencies(spec.head_dim, spec.rope_theta).numpy()  # [dh/2]
 
     def decode(self, tokens, positions, attend, max_length: int, mixed: bool) -> torch.Tensor:
-        from .model import blas_matmul
         model, spec, cache = self.model, self.model.spec, self.model.cache
         B, H, Hkv, dh = tokens.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
         cos, sin = self._rope(at)  # [B or 1, 1, dh]
-        here = (not mixed and cache.cache_dtype == "fp32" and B <= NUMPY_ATTENTION_MAX_BATCH)
+        # An fp32 cache at equal lengths: K/V written and read here, through numpy views of the
+        # cache's own buffers [L, B, Hkv, T, dh]; otherwise the cache quantises and torch attends.
+        here = not mixed and cache.cache_dtype == "fp32"
+        if here:
+            K_all, V_all = cache.k.numpy(), cache.v.numpy()
         x = self.embed[tokens.numpy()]  # [B, d]
         for i, (attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down) in enumerate(self.layers):
             qkv = blas_matmul(self._rms(x, attn_norm), wqkv).reshape(B, H + 2 * Hkv, dh)
             qk = self._rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
-            k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
-            cache.update(i, k, v, positions)
             if here:
-                o = self._attention(qk[:, :H], cache, i, max_length)
+                K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
+                o = self._attention(qk[:, :H], K_all[i, :, :, :max_length], V_all[i, :, :, :max_length])
             else:
+                k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
+                cache.update(i, k, v, positions)
                 o = model.ops.decode_attention(torch.from_numpy(qk[:, :H]), cache, i, attend, max_length,
                                                mixed).numpy()
             x = x + blas_matmul(o.reshape(B, H * dh), wo)
@@ -79,8 +85,10 @@ class NumpyDecode:
         return torch.from_numpy(blas_matmul(self._rms(x, self.norm), self.head))
 
     def _rms(self, x, weight):
-        """x / rms(x) * weight over the last axis, fp32, as `model.rms_norm`."""
-        return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.model.spec.norm_eps)) * weight
+        """x / rms(x) * weight over the last axis, fp32, as `model.rms_norm` (the sum of squares by
+        a ufunc reduce: np.mean's Python wrapper cost more than the arithmetic at these sizes)."""
+        mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) * np.float32(1.0 / x.shape[-1])
+        return x * (1.0 / np.sqrt(mean_square + np.float32(self.model.spec.norm_eps))) * weight
 
     def _rope(self, positions):
         """(cos, sin) [n, 1, dh] for positions [n], laid out as `model.rope_angles`: (cos, cos) and
@@ -97,15 +105,29 @@ class NumpyDecode:
         half = x.shape[-1] // 2
         return x * cos + np.concatenate((x[..., half:], x[..., :half]), axis=-1) * sin
 
-    def _attention(self, q, cache, layer, max_length):
-        """q [B, H, dh] over the first max_length positions of an fp32 cache -> [B, H, dh]. The
-        G = H / Hkv query heads of a kv head share one read of its K and V."""
-        B, H, dh = q.shape
-        Hkv = cache.spec.n_kv_heads
-        K = cache.k[layer, :, :, :max_length].numpy()  # [B, Hkv, S, dh], a view
-        V = cache.v[layer, :, :, :max_length].numpy()
-        scores = np.matmul(q.reshape(B, Hkv, H // Hkv, dh) * (dh ** -0.5), K.transpose(0, 1, 3, 2))  # [B, Hkv, G, S]
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        return np.matmul(scores, V).reshape(B, H, dh)
+    def _attention(self, q, K, V):
+        """q [B, H, dh] over K, V [B, Hkv, S, dh] (views of an fp32 cache) -> [B, H, dh]. The
+        G = H / Hkv query heads of a kv head share one read of its K and V. With B >= 2 and a
+        large cache every core reads a share of the rows: numpy's stacked matmul loops over them
+        on one thread, and one thread streams only ~7 GB/s here. (At B = 1, splitting the kv
+        heads over the cores gained nothing measurable, so it does not.)"""
+        B = q.shape[0]
+        out = np.empty_like(q)
+        if B < 2 or K.nbytes + V.nbytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2:
+            _attend(q, K, V, out)
+            return out
+        parts = min(B, CORES)
+        rows = [slice(B * p // parts, B * (p + 1) // parts) for p in range(parts)]
+        on_every_core(lambda p: _attend(q[rows[p]], K[rows[p]], V[rows[p]], out[rows[p]]), parts)
+        return out
+
+
+def _attend(q, K, V, out):
+    """out[:] = softmax(q K^T / sqrt(dh)) V for q, out [b, H, dh], K, V [b, Hkv, S, dh]."""
+    b, H, dh = q.shape
+    Hkv = K.shape[1]
+    scores = np.matmul(q.reshape(b, Hkv, H // Hkv, dh) * np.float32(dh ** -0.5), K.transpose(0, 1, 3, 2))  # [b, Hkv, G, S]
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out[:] = np.matmul(scores, V).reshape(b, H, dh)

@@ -117,14 +117,27 @@ BLAS_THREADS = _BlasThreads()
 # single-threaded OpenBLAS (numpy releases the GIL), streamed it 1.5-2.5x faster here.
 SPLIT_MAX_ROWS = 16
 BLOCK_COLUMNS = 4096
+CORES = os.cpu_count() or 1
 _POOL = None
+
+
+def on_every_core(run, parts: int):
+    """run(0) .. run(parts - 1), one per worker thread (numpy releases the GIL in BLAS and in
+    ufuncs), each with single-threaded OpenBLAS; returns when all are done."""
+    global _POOL
+    from concurrent.futures import ThreadPoolExecutor
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(min(CORES, 8), thread_name_prefix="labkit-blas")
+    BLAS_THREADS.use(1)
+    for future in [_POOL.submit(run, i) for i in range(parts)]:
+        future.result()
 
 
 def blas_matmul(a, b):
     """a [M, K] @ b [K, N] with numpy (OpenBLAS), fp32 arrays -> a new [M, N] array; one
     thread for a small product (see SINGLE_THREAD_WEIGHT_BYTES), all of them otherwise."""
     small = b.nbytes <= SINGLE_THREAD_WEIGHT_BYTES and 2 * a.shape[0] * b.size <= SINGLE_THREAD_FLOPS
-    if small or a.shape[0] > SPLIT_MAX_ROWS or (os.cpu_count() or 1) < 2:
+    if small or a.shape[0] > SPLIT_MAX_ROWS or CORES < 2:
         BLAS_THREADS.use(1 if small else None)
         return np.matmul(a, b)
     return _split_columns(a, b)
@@ -132,20 +145,14 @@ def blas_matmul(a, b):
 
 def _split_columns(a, b):
     """a @ b with b's column blocks shared out to one worker thread per core."""
-    global _POOL
-    from concurrent.futures import ThreadPoolExecutor
-    workers = min(os.cpu_count() or 1, 8)
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(workers, thread_name_prefix="labkit-blas")
-    BLAS_THREADS.use(1)  # every worker's OpenBLAS call single-threaded
+    workers = min(CORES, 8)
     out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
     starts = range(0, b.shape[1], BLOCK_COLUMNS)
 
     def run(first):  # blocks first, first + workers, ...: neighbours interleave, loads even out
         for j in starts[first::workers]:
             np.matmul(a, b[:, j:j + BLOCK_COLUMNS], out=out[:, j:j + BLOCK_COLUMNS])
-    for future in [_POOL.submit(run, i) for i in range(workers)]:
-        future.result()
+    on_every_core(run, workers)
     return out
 
 

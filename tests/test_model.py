@@ -11,7 +11,7 @@ if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from labkit import backend, roofline  # noqa: E402
+from labkit import backend, cpu_decode, roofline  # noqa: E402
 from labkit.errors import FootprintError, LabError  # noqa: E402
 from labkit.model import Llama  # noqa: E402
 from labkit.specs import get_model, model_from_config, with_changes  # noqa: E402
@@ -174,16 +174,21 @@ NUMPY_TOL = dict(atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
-@pytest.mark.parametrize("batch, lengths", [(1, "equal"), (3, "equal"), (6, "equal"), (3, "mixed")])
-def test_numpy_decode_step_equals_the_torch_step(cache_dtype, batch, lengths):
-    """B <= 4 over an fp32 cache attends in numpy; B = 6, mixed lengths and compact caches use
-    the torch attention inside the numpy step: every branch against the torch step."""
+@pytest.mark.parametrize("batch, lengths", [(1, "equal"), (3, "equal"), (6, "equal"), (3, "mixed"),
+                                            (3, "equal, rows split over the cores")])
+def test_numpy_decode_step_equals_the_torch_step(cache_dtype, batch, lengths, monkeypatch):
+    """An fp32 cache at equal lengths attends in numpy (a large one with its rows on every core);
+    mixed lengths and compact caches use the torch attention inside the numpy step: every branch
+    against the torch step."""
+    if "split" in lengths:
+        monkeypatch.setattr(cpu_decode, "ATTENTION_SPLIT_MIN_BYTES", 0)  # this small cache, split too
+        monkeypatch.setattr(cpu_decode, "CORES", 2)
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=3)
                    for _ in range(2))
     plain.numpy_decode = None  # the torch step, as on a bf16 model or with the Triton ops
     assert fast.decode_kernels == "numpy" and plain.decode_kernels == "torch"
     for model in (fast, plain):
-        if lengths == "equal":
+        if lengths.startswith("equal"):
             model.prefill(tokens_for(30, batch, 9))
         else:
             for slot in range(batch):
