@@ -91,7 +91,7 @@ gpu-check: ## Check this machine's GPU against the lab into OUT (default build/g
 
 # Kernels start in notebooks/ (--cwd), as they do under JupyterLab and nbval. PLOTLY_RENDERER adds an
 # HTML copy (plotly.js embedded once) to each figure: nbconvert cannot draw the plotly JSON alone.
-report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") into build/report/, then to HTML
+report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") into build/report/, then to static HTML
 	@set -e; \
 	if [ -z "$(NOTEBOOKS)" ]; then echo "report: no notebooks in notebooks/"; exit 0; fi; \
 	mkdir -p $(REPORT); \
@@ -100,7 +100,8 @@ report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") int
 	  out=$(REPORT)/$$(basename $$nb); outs="$$outs $$out"; \
 	  PLOTLY_RENDERER=plotly_mimetype+notebook $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS); \
 	done; \
-	$(VENV)/bin/jupyter nbconvert --to html --output-dir $(REPORT) $$outs
+	$(VENV)/bin/jupyter nbconvert --to html --HTMLExporter.preprocessors=labkit.report.static_widgets \
+	  --output-dir $(REPORT) $$outs
 
 # --token makes Voilà ask for one; it takes the value from JUPYTER_TOKEN (kept out of `ps`).
 app: venv ## Serve NB (default notebooks/01_two_phases.ipynb) as a Voilà app on 127.0.0.1:PORT with a token

@@ -1,0 +1,89 @@
+"""`make report`: the lessons' widgets, as they stood when the notebook finished, in static HTML.
+
+A pre-run lesson's sliders and live charts are widgets. nbconvert's HTML draws widgets only by
+loading a widget manager from a CDN, and even online that manager cannot draw a chart held in an
+ipywidgets Output (plotly's renderer is a JupyterLab extension): the measured-vs-predicted charts,
+the reason to pre-run on a GPU, came out blank. `static_widgets`, an nbconvert preprocessor,
+replaces each widget output with what it showed: the controls' settings as one line, each chart as
+a static plotly chart, and the status or error line under it. It drops the widget state, so the
+page needs no network. Jupyter side only (`make report` runs it); needs plotly.
+"""
+from __future__ import annotations
+
+import html
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+PLOTLY = "application/vnd.plotly.v1+json"
+PLOTLYJS_MARK = "window.PlotlyConfig"  # in the inline plotly.js script of plotly's notebook renderer
+
+
+def static_widgets(nb, resources):
+    """nbconvert preprocessor: every widget output -> a display_data of static HTML (or nothing,
+    for a widget that shows nothing); the notebook's widget state removed."""
+    from nbformat.v4 import new_output
+
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    page_has_plotlyjs = False  # plotly.js must be on the page before the first chart's script
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for output in cell.outputs:
+            data = output.get("data", {})
+            if WIDGET_VIEW not in data:
+                page_has_plotlyjs = page_has_plotlyjs or PLOTLYJS_MARK in str(data.get("text/html", ""))
+                outputs.append(output)
+                continue
+            pieces = shown_by(data[WIDGET_VIEW].get("model_id", ""), states)
+            if pieces:
+                outputs.append(new_output("display_data", data={"text/html": to_html(pieces, not page_has_plotlyjs)}))
+                page_has_plotlyjs = page_has_plotlyjs or any(kind == "chart" for kind, _ in pieces)
+        cell.outputs = outputs
+    nb.metadata.pop("widgets", None)
+    return nb, resources
+
+
+def shown_by(model_id: str, states: dict) -> list[tuple[str, object]]:
+    """What widget `model_id` and its children show, in page order: ("setting", "name: value"),
+    ("chart", plotly figure dict) and ("html", an HTML widget's value)."""
+    pieces: list[tuple[str, object]] = []
+    _walk(model_id, states, pieces, seen=set())
+    return pieces
+
+
+def _walk(model_id, states, pieces, seen):
+    if model_id in seen or model_id not in states:
+        return
+    seen.add(model_id)
+    state = states[model_id].get("state", {})
+    name = state.get("_model_name", "")
+    if name == "OutputModel":
+        pieces.extend(("chart", out["data"][PLOTLY]) for out in state.get("outputs", [])
+                      if PLOTLY in out.get("data", {}))
+    elif name == "HTMLModel" and state.get("value"):
+        pieces.append(("html", state["value"]))
+    elif name.endswith("SliderModel") and "value" in state:
+        pieces.append(("setting", f"{state.get('description', '')}: {state['value']}"))
+    elif "_options_labels" in state and state.get("index") is not None:  # toggle buttons, dropdowns
+        pieces.append(("setting", f"{state.get('description', '')}: {state['_options_labels'][state['index']]}"))
+    for child in state.get("children", []):
+        _walk(str(child).removeprefix("IPY_MODEL_"), states, pieces, seen)
+
+
+def to_html(pieces: list[tuple[str, object]], include_plotlyjs: bool) -> str:
+    """The pieces as one HTML fragment; plotly.js inlined with the first chart if asked."""
+    import plotly.io as pio
+
+    parts, settings = [], [text for kind, text in pieces if kind == "setting"]
+    if settings:
+        parts.append(f"<p><em>settings when the notebook finished:</em> {html.escape(' · '.join(settings))}</p>")
+    for kind, value in pieces:
+        if kind == "chart":
+            figure = {key: value[key] for key in ("data", "layout") if key in value}
+            parts.append(pio.to_html(figure, include_plotlyjs=include_plotlyjs, full_html=False,
+                                     config=value.get("config"), validate=False))
+            include_plotlyjs = False
+        elif kind == "html":
+            parts.append(f"<div>{value}</div>")  # an HTML widget's value is HTML labkit wrote
+    return "\n".join(parts)
