@@ -140,7 +140,7 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
                                  log_y: bool = False) -> LiveFigure:
     """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1)."""
     fig = LiveFigure(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
-                                     vertical_spacing=0.06))
+                                   vertical_spacing=0.06))
     fig.add_scatter(x=predicted[x_key], y=predicted["predicted_time_s"], mode="lines",
                     line=PREDICTED, name="predicted (calibrated roofline)", row=1, col=1)
     fig.add_scatter(x=[], y=[], mode="markers", marker=dict(size=10, **MEASURED), name="measured", row=1, col=1)
@@ -389,7 +389,7 @@ def decode_readout_figure(bands: list[dict]) -> LiveFigure:
     """Three panels for one decode measurement: step time and tokens/s (measured beside
     predicted), and the cache's share of the step's read against the three regimes."""
     fig = LiveFigure(make_subplots(rows=1, cols=3, column_widths=[0.22, 0.22, 0.56], horizontal_spacing=0.09,
-                                     subplot_titles=["step time (ms)", "tokens/s", "the cache's share of one step's read"]))
+                                   subplot_titles=["step time (ms)", "tokens/s", "the cache's share of one step's read"]))
     for col in (1, 2):
         fig.add_bar(x=["measured", "predicted"], y=[0, 0], marker=dict(color=[MEASURED["color"], PREDICTED["color"]]),
                     texttemplate="%{y:,.3~g}", textposition="outside", showlegend=False, row=1, col=col)
@@ -537,7 +537,7 @@ def progress_bar(total: int, description: str = "measuring"):
 def batching_figure(bars: dict, title: str) -> LiveFigure:
     """Slot utilisation and throughput side by side, static vs continuous, from `explore.batching_bars`."""
     fig = LiveFigure(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                                     subplot_titles=("slot utilisation (%)", "output throughput (tokens/s)")))
+                                   subplot_titles=("slot utilisation (%)", "output throughput (tokens/s)")))
     for policy, style in (("static", STATIC), ("continuous", CONTINUOUS)):
         fig.add_bar(x=[], y=[], marker=style, name=f"{policy} batching", row=1, col=1)
         fig.add_bar(x=[], y=[], marker=style, name=f"{policy} batching", showlegend=False, row=1, col=2)
@@ -594,7 +594,7 @@ def interference_figure(series: list[dict], title: str) -> LiveFigure:
     """One row per timeline (`explore.interference_series`): the gap before each stream token
     (ms) at the time it arrived, prefill chunks shaded."""
     fig = LiveFigure(make_subplots(rows=len(series), cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                                     subplot_titles=[s["name"] for s in series]))
+                                   subplot_titles=[s["name"] for s in series]))
     for row, s in enumerate(series, start=1):
         fig.add_bar(x=[], y=[], marker=MEASURED, name="gap before a stream token", showlegend=row == 1, row=row, col=1)
         fig.update_yaxes(title="gap (ms)", row=row, col=1)
@@ -622,8 +622,8 @@ def set_interference(fig: LiveFigure, row: int, series: dict):
 def interference_bars_figure(bars: dict, title: str) -> LiveFigure:
     """The streams' worst and p99 gap beside the long prompt's prefill time, per timeline."""
     fig = LiveFigure(make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                                     subplot_titles=("streams: gap between tokens (ms)",
-                                                     "long prompt: prefill time (ms)")))
+                                   subplot_titles=("streams: gap between tokens (ms)",
+                                                   "long prompt: prefill time (ms)")))
     fig.add_bar(x=[], y=[], name="worst gap", marker=MEASURED, row=1, col=1)
     fig.add_bar(x=[], y=[], name="p99 gap", marker=NOISY, row=1, col=1)
     fig.add_bar(x=[], y=[], name="undisturbed gap", marker=dict(color="#555"), row=1, col=1)
