@@ -714,5 +714,3 @@ class SplitLab:
         with self.error.guard():
             set_split(self.figure, self.split(self.gpu.value, self.batch.value))
             self.error.status("")
-
-
