@@ -8,6 +8,11 @@ import shutil
 # (the CPU path's decode matmuls) for the same cores: decode steps ran 1.5x slower here. It must be
 # set before torch loads OpenMP, so it is set on import of labkit, which the lessons import first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The other way round: after each product numpy's OpenBLAS threads spin for up to 2^28 cycles
+# (~0.1 s) waiting for more, and keep the cores from torch's threads (prefill's SDPA and norms run
+# next). Waiting 2^4 cycles instead, prefill at P = 2048 took 272-294 ms against 377-461 ms here
+# (2-core EPYC, processes alternating, 2026-11-29); decode steps were unchanged. Read when numpy loads.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # Without an NVIDIA GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
 # before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs).
