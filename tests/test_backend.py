@@ -147,3 +147,21 @@ def test_on_a_real_gpu_the_choice_and_memory_are_consistent():
     assert 0 < backend.free_memory_bytes("cuda") <= backend.total_memory_bytes("cuda")
     with pytest.raises(FootprintError):
         backend.check_fits(10 * backend.total_memory_bytes("cuda"), "cuda", "too much")
+
+
+def test_importing_labkit_sets_the_thread_waits_before_torch_or_numpy_load():
+    """OMP_WAIT_POLICY and OPENBLAS_THREAD_TIMEOUT are read once, when torch's OpenMP and numpy's
+    OpenBLAS load: `import labkit` must set them (unless the user did) and load neither library."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys; import labkit; "
+            "print(os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_THREAD_TIMEOUT'], "
+            "'numpy' in sys.modules, 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split() == ["PASSIVE", "4", "False", "False"], out.stdout
+    mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**env, "OPENBLAS_THREAD_TIMEOUT": "10"})
+    assert mine.stdout.split()[1] == "10"  # a user's own setting wins
