@@ -122,14 +122,18 @@ _POOL = None
 
 
 def on_every_core(run, parts: int):
-    """run(0) .. run(parts - 1), one per worker thread (numpy releases the GIL in BLAS and in
-    ufuncs), each with single-threaded OpenBLAS; returns when all are done."""
+    """run(0) .. run(parts - 1) at once: part 0 in the calling thread, the others on worker
+    threads (numpy releases the GIL in BLAS and in ufuncs), each with single-threaded OpenBLAS;
+    returns when all are done. The caller working instead of waiting saves one thread wake-up
+    (B=1 decode steps 0-10 % faster, in one process with the two alternating, 2026-11-29)."""
     global _POOL
     from concurrent.futures import ThreadPoolExecutor
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(min(CORES, 8), thread_name_prefix="labkit-blas")
+        _POOL = ThreadPoolExecutor(max(1, min(CORES, 8) - 1), thread_name_prefix="labkit-blas")
     BLAS_THREADS.use(1)
-    for future in [_POOL.submit(run, i) for i in range(parts)]:
+    others = [_POOL.submit(run, i) for i in range(1, parts)]
+    run(0)
+    for future in others:
         future.result()
 
 
