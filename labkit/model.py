@@ -32,8 +32,10 @@ weights, 50 MB of them the head, plus the cache. What keeps it below the copy ba
   * a fixed cost of ~400 aten calls a step (views included; norms, RoPE, residuals, SDPA), 1-20 us
     each: why an fp32 model on the CPU decodes through `cpu_decode` (the same layers as numpy
     calls, 1.3-1.6x faster at B <= 4) and this file's loop runs for bf16 and the Triton ops;
-  * a B = 1 step at S = 0 spends ~45 % of its time in the head's 48 MiB gemv and ~25 % in 16 small
-    products whose weights arrive cold from memory at ~4 GB/s on one thread (2026-11-29);
+  * a B = 1 step at S = 0 (numpy step, ~6.1 ms) spends ~53 % of its time in the head's 48 MiB
+    gemv, at about the copy rate on both cores, and ~22 % in 16 small products whose weights arrive
+    cold from memory at ~9 GB/s on one thread; splitting those over two threads was slower, the
+    wake-ups cost more than they save (2026-11-29, instrumented steps);
   * a bf16 cache: this CPU has no bf16 instructions and torch's SDPA converts as it reads —
     3 GB/s against 9 GB/s for an fp32 cache (one layer, B = 1, S = 4096, on a busy machine).
 """

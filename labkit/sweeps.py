@@ -107,7 +107,8 @@ def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
     return {
         "phase": phase, "device": device, "device_name": backend.device_name(device),
         "hardware": hardware.name, "model": model.spec.name, **shape, "compute_dtype": dtype,
-        "kernels": model.decode_kernels if phase == "decode" else model.ops.name, "time_s": timing.median_s, "time_min_s": timing.min_s,
+        "kernels": model.decode_kernels if phase == "decode" else model.ops.name,
+        "time_s": timing.median_s, "time_min_s": timing.min_s,
         "time_max_s": timing.max_s, "spread": timing.spread, "noisy": timing.noisy,
         "samples": len(timing.samples_s), "flops": flops, "bytes": bytes_moved,
         "predicted_time_s": predicted_s, "bound": roofline.bound_by(flops, bytes_moved, hardware, dtype),

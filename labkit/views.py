@@ -190,12 +190,12 @@ class SliderLab:
 
     def prime(self, settings: list[dict]):
         """Measure a first few points (with a progress bar) so the chart starts with a curve."""
-        bar = widgets.IntProgress(value=0, min=0, max=len(settings), description="measuring")
+        bar, advance = progress(len(settings))
         self.widget.children = (*self.widget.children, bar)
-        for values in settings:
+        for done, values in enumerate(settings, start=1):
             with self.error.guard():
                 self.records.append(self.measure(**values))
-            bar.value += 1
+            advance(done, len(settings))
         with self.error.guard():
             set_measured(self.figure, explore.measured_series(self.records, self.x_key))
         self.widget.children = self.widget.children[:-1]
@@ -523,15 +523,6 @@ def prefill_split_figure(split: dict, title: str, x_title: str = "prompt tokens 
 # ---- lesson 05: static vs continuous batching
 STATIC = dict(color="#8c8c8c")
 CONTINUOUS = dict(color="#2ca02c")
-
-
-def progress_bar(total: int, description: str = "measuring"):
-    """(IntProgress, progress(done, total) callback) for a sweep."""
-    bar = widgets.IntProgress(value=0, min=0, max=total, description=description)
-
-    def advance(done, _total):
-        bar.value = done
-    return bar, advance
 
 
 def batching_figure(bars: dict, title: str) -> LiveFigure:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -73,8 +74,8 @@ def test_make_report_converts_with_the_preprocessor(tmp_path):
     nb, _ = executed_notebook()
     path = tmp_path / "lesson.ipynb"
     nbformat.write(nb, path)
-    recipe = next(line for line in open(report.__file__.replace("labkit/report.py", "Makefile"))
-                  if "nbconvert --to html" in line)
+    makefile = Path(report.__file__).resolve().parents[1] / "Makefile"
+    recipe = next(line for line in makefile.read_text().splitlines() if "nbconvert --to html" in line)
     option = next(arg for arg in recipe.split() if arg.startswith("--HTMLExporter.preprocessors="))
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", option.strip("'\""),
                     str(path)], check=True, capture_output=True)
