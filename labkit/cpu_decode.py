@@ -8,12 +8,11 @@ fp32 cache, 2026-11-29): B=1 S=0 10.7 -> 6.8 ms, B=1 S=1024 13.0 -> 9.8 ms, B=4 
 13.6 ms; at B=16 equal (the products dominate).
 
 Nothing is copied: the weights are numpy views of the model's tensors. An fp32 cache at equal
-lengths is written and read here through numpy views of its own buffers (at B >= 2 over a large
-cache, each core attends for a share of the rows: in one process, steps alternating with the
-single-threaded version, B=4 S=4096 29 -> 22 ms and B=16 S=4096 92 -> 59 ms, as fast as torch's
-SDPA, 2026-11-29). A compact cache or mixed lengths go through `KVCache.update` (which quantises)
-and the model's torch attention, on views of the same arrays. `tests/test_model.py` holds this
-step to the torch step for every cache dtype and each of these branches.
+lengths is written and read here through numpy views of its own buffers; over a large cache
+every core attends for a share of the (row, kv head) pairs, each with BLAS's gemv (see
+`_attend`). A compact cache or mixed lengths go through `KVCache.update` (which quantises) and
+the model's torch attention, on views of the same arrays. `tests/test_model.py` holds this step
+to the torch step for every cache dtype and each of these branches.
 
 Shapes: tokens [B]; x [B, d]; qkv [B, H + 2 Hkv, dh]; K, V [B, Hkv, S, dh]; logits [B, V] fp32.
 """
@@ -24,7 +23,7 @@ import torch
 
 from .model import CORES, blas_matmul, on_every_core, rope_inverse_frequencies
 
-ATTENTION_SPLIT_MIN_BYTES = 1 << 20  # K+V a step reads in one layer above which rows go to every core
+ATTENTION_SPLIT_MIN_BYTES = 2 << 20  # K+V a step reads in one layer from which every core attends
 
 
 def applies(model) -> tuple[bool, str]:
@@ -106,28 +105,39 @@ class NumpyDecode:
         return x * cos + np.concatenate((x[..., half:], x[..., :half]), axis=-1) * sin
 
     def _attention(self, q, K, V):
-        """q [B, H, dh] over K, V [B, Hkv, S, dh] (views of an fp32 cache) -> [B, H, dh]. The
-        G = H / Hkv query heads of a kv head share one read of its K and V. With B >= 2 and a
-        large cache every core reads a share of the rows: numpy's stacked matmul loops over them
-        on one thread, and one thread streams only ~7 GB/s here. (At B = 1, splitting the kv
-        heads over the cores gained nothing measurable, so it does not.)"""
-        B = q.shape[0]
+        """q [B, H, dh] over K, V [B, Hkv, S, dh] (views of an fp32 cache) -> [B, H, dh].
+
+        The work is B * Hkv independent (row, kv head) units, each the G = H / Hkv queries that
+        share one kv head. Over a large cache (a layer's K + V >= ATTENTION_SPLIT_MIN_BYTES) the
+        units are shared out to every core: numpy loops over stacked products on one thread, and
+        one thread streams only ~7 GB/s here. Below it, one thread: the hand-off costs more."""
+        B, H, dh = q.shape
+        Hkv, S = K.shape[1], K.shape[2]
+        n, G = B * Hkv, H // Hkv
+        # [n, ...] views: rows and kv heads merge because a row's kv heads are adjacent in the cache
+        qu, Ku, Vu = q.reshape(n, G, dh), K.reshape(n, S, dh), V.reshape(n, S, dh)
         out = np.empty_like(q)
-        if B < 2 or K.nbytes + V.nbytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2:
-            _attend(q, K, V, out)
+        ou = out.reshape(n, G, dh)
+        if K.nbytes + V.nbytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2 or n < 2:
+            _attend(qu, Ku, Vu, ou)
             return out
-        parts = min(B, CORES)
-        rows = [slice(B * p // parts, B * (p + 1) // parts) for p in range(parts)]
-        on_every_core(lambda p: _attend(q[rows[p]], K[rows[p]], V[rows[p]], out[rows[p]]), parts)
+        parts = min(n, CORES)
+        units = [slice(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
+        on_every_core(lambda p: _attend(qu[units[p]], Ku[units[p]], Vu[units[p]], ou[units[p]]), parts)
         return out
 
 
 def _attend(q, K, V, out):
-    """out[:] = softmax(q K^T / sqrt(dh)) V for q, out [b, H, dh], K, V [b, Hkv, S, dh]."""
-    b, H, dh = q.shape
-    Hkv = K.shape[1]
-    scores = np.matmul(q.reshape(b, Hkv, H // Hkv, dh) * np.float32(dh ** -0.5), K.transpose(0, 1, 3, 2))  # [b, Hkv, G, S]
+    """out[:] = softmax(q K^T / sqrt(dh)) V for q, out [n, G, dh] and K, V [n, S, dh].
+
+    Both products are written as matrix @ column, K [S, dh] @ q_g [dh, 1] and V^T [dh, S] @ p_g
+    [S, 1], so numpy calls BLAS's gemv once per query head: gemv streams K and V at close to the
+    read rate, where the [G, dh] @ [dh, S] gemm form spends its time packing the tiny operand
+    (decode steps 8-18 % faster from S = 4096 on, B = 1..16, in one process with the two forms
+    alternating, 2026-11-29). The G heads of a kv head read it back-to-back, the second from cache."""
+    dh = q.shape[-1]
+    scores = np.matmul(K[:, None], (q * np.float32(dh ** -0.5))[..., None])[..., 0]  # [n, G, S]
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
-    out[:] = np.matmul(scores, V).reshape(b, H, dh)
+    out[:] = np.matmul(V.transpose(0, 2, 1)[:, None], scores[..., None])[..., 0]  # [n, G, dh]

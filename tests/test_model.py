@@ -175,14 +175,20 @@ NUMPY_TOL = dict(atol=2e-5, rtol=2e-5)
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize("batch, lengths", [(1, "equal"), (3, "equal"), (6, "equal"), (3, "mixed"),
-                                            (3, "equal, rows split over the cores")])
+                                            (3, "equal, split over the cores"),
+                                            (1, "equal, split over the cores")])
 def test_numpy_decode_step_equals_the_torch_step(cache_dtype, batch, lengths, monkeypatch):
-    """An fp32 cache at equal lengths attends in numpy (a large one with its rows on every core);
+    """An fp32 cache at equal lengths attends in numpy (a large one with its (row, kv head) units on
+    every core: at batch 1 the kv heads alone);
     mixed lengths and compact caches use the torch attention inside the numpy step: every branch
     against the torch step."""
     if "split" in lengths:
-        monkeypatch.setattr(cpu_decode, "ATTENTION_SPLIT_MIN_BYTES", 0)  # this small cache, split too
+        monkeypatch.setattr(cpu_decode, "ATTENTION_SPLIT_MIN_BYTES", 0)  # this small cache split too
         monkeypatch.setattr(cpu_decode, "CORES", 2)
+    shared_out = []  # the parts each split attention handed to the cores
+    real_on_every_core = cpu_decode.on_every_core
+    monkeypatch.setattr(cpu_decode, "on_every_core",
+                        lambda run, parts: (shared_out.append(parts), real_on_every_core(run, parts))[1])
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=3)
                    for _ in range(2))
     plain.numpy_decode = None  # the torch step, as on a bf16 model or with the Triton ops
@@ -197,6 +203,8 @@ def test_numpy_decode_step_equals_the_torch_step(cache_dtype, batch, lengths, mo
         step = tokens_for(40 + i, batch)
         assert_close(fast.decode_step(step), plain.decode_step(step), NUMPY_TOL, f"step {i}")
     assert fast.cache.host_lengths == plain.cache.host_lengths
+    numpy_attends = cache_dtype == "fp32" and lengths.startswith("equal")
+    assert shared_out == ([2] * 3 * TINY.n_layers if numpy_attends and "split" in lengths else []), shared_out
     for a, b in ((fast.cache.k, plain.cache.k), (fast.cache.v, plain.cache.v)):  # the same K/V written
         assert_same_codes(a, b, cache_dtype)
 
