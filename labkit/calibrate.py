@@ -104,6 +104,23 @@ def _spec(kind: str, stream: dict, matmul: dict, date: str) -> HardwareSpec:
                         memory_bytes=float(total_memory_bytes(kind)), sources=sources, kind="calibrated")
 
 
+def bandwidth_now(device, plan: Plan | None = None) -> float:
+    """The memory bandwidth at this moment, bytes/s: the calibration's copy and read tests, the
+    faster of the two, one warm-up and three timed calls each (about 0.3 s on the lab's CPU).
+
+    Why: a shared machine's bandwidth moves with its neighbours' load (10.7 to 20.2 GB/s within
+    30 minutes on the lab's 2-core VM, 2026-11-29), so a fraction against a calibration made
+    an hour ago can be off by 2x either way. Two of these around a measurement bound the roof of
+    its own moment (`sweeps.bracketed`). Not cached, not written anywhere."""
+    kind = torch.device(getattr(device, "device", device)).type
+    plan = dataclasses.replace(plan or PLANS[kind], warmup=1, repeats=3, budget_s=1.0)
+    check_fits(2 * plan.stream_bytes, kind, "the bandwidth check")
+    stream = _stream_bandwidth(kind, plan)
+    if kind == "cuda":
+        torch.cuda.empty_cache()
+    return max(result["bytes_per_s"] for result in stream.values())
+
+
 def _stream_bandwidth(kind: str, plan: Plan) -> dict:
     """Copy (read + write bytes) and read (sum) bandwidth over plan.stream_bytes tensors."""
     n = plan.stream_bytes // 4

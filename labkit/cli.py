@@ -198,11 +198,13 @@ def run_measure(args) -> dict:
     if args.phase == "prefill":
         prompt = settings["prompt"][3] if args.prompt is None else args.prompt
         _in_range("--prompt", prompt, 1, model.max_context, model.name)
-        return sweeps.measure_prefill(model, prompt, batch, here.device)
-    context = settings["context"][3] if args.context is None else args.context
-    _in_range("--context", context, 0, model.max_context, model.name)
-    cache_dtype = args.cache_dtype or settings["cache_dtype"]
-    return sweeps.measure_decode(model, batch, context, cache_dtype, here.device)
+        run = lambda: sweeps.measure_prefill(model, prompt, batch, here.device)  # noqa: E731
+    else:
+        context = settings["context"][3] if args.context is None else args.context
+        _in_range("--context", context, 0, model.max_context, model.name)
+        cache_dtype = args.cache_dtype or settings["cache_dtype"]
+        run = lambda: sweeps.measure_decode(model, batch, context, cache_dtype, here.device)  # noqa: E731
+    return sweeps.bracketed(run, here.device) if args.bracket else run()
 
 
 def _stderr(message: str):
@@ -349,6 +351,9 @@ def _add_measure_options(sub):
     sub.add_argument("--context", type=int, help="cached tokens S per sequence (decode)")
     sub.add_argument("--batch", type=int, help=f"sequences B, 1..{MAX_BATCH}")
     sub.add_argument("--cache-dtype", choices=roofline.CACHE_DTYPES, help="default: fp32 on the CPU, bf16 on CUDA")
+    sub.add_argument("--bracket", action="store_true",
+                     help="measure the memory bandwidth just before and after, and add the roof fraction "
+                          "against it (a shared machine's bandwidth drifts; ~1 s more on a CPU)")
     sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 

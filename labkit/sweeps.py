@@ -19,6 +19,7 @@ point without rebuilding the model.
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
 from collections import OrderedDict
@@ -167,6 +168,24 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
                    batch=batch, cache_dtype=cache_dtype)
     point.update(cache_share=share, regime=roofline.decode_regime(share),
                  tokens_per_s=batch / timing.median_s)
+    return point
+
+
+def bracketed(measure_point, device: str) -> dict:
+    """measure_point() (a point of `measure_prefill`/`measure_decode`) between two readings of
+    the memory bandwidth (`calibrate.bandwidth_now`), with three keys added: both readings, and
+    bracketed_roof_fraction, the roof fraction with the faster reading as the bandwidth (the
+    best rate seen is the roof; the FLOP peak stays the calibration's). On a shared machine it
+    says how close a point came to the roof of its own moment; roof_fraction, against the
+    calibration, moves with the neighbours' load."""
+    before = calibrate.bandwidth_now(device)
+    point = measure_point()
+    after = calibrate.bandwidth_now(device)
+    hardware, _ = calibrate.load_or_calibrate(device)
+    now = dataclasses.replace(hardware, memory_bandwidth_bytes_per_s=max(before, after))
+    fraction = measure.roof_fraction(point["flops"], point["bytes"], point["time_s"], now, point["compute_dtype"])
+    point.update(bandwidth_before_bytes_per_s=before, bandwidth_after_bytes_per_s=after,
+                 bracketed_roof_fraction=fraction)
     return point
 
 

@@ -171,3 +171,16 @@ def test_a_small_calibration_on_a_gpu():
     for field, dtype in (("fp8_flops_per_s", "fp8"), ("int8_ops_per_s", "int8")):
         assert getattr(spec, field) is not None or "error" in info["matmul"][dtype]
     assert info["driver"]
+
+
+def test_bandwidth_now_is_the_faster_stream_test_at_this_moment(monkeypatch):
+    """A short re-run of the calibration's copy and read tests: the faster of the two, with one
+    warm-up and three calls whatever the plan says; a real run on this CPU is a plausible rate."""
+    seen = []
+    with monkeypatch.context() as patch:
+        patch.setattr(calibrate, "_stream_bandwidth", lambda kind, plan: seen.append((kind, plan)) or {
+            "copy": {"bytes_per_s": 7e9}, "read": {"bytes_per_s": 9e9}})
+        assert calibrate.bandwidth_now("cpu") == 9e9
+    kind, plan = seen[0]
+    assert kind == "cpu" and plan.stream_bytes == TINY.stream_bytes and (plan.warmup, plan.repeats) == (1, 3)
+    assert 1e8 < calibrate.bandwidth_now("cpu") < 1e13  # 4 MiB tensors: a cache's rate, still a rate

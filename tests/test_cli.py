@@ -205,6 +205,17 @@ def test_measure_passes_its_arguments_to_sweeps(monkeypatch, capsys):
     assert calls[1] == ("decode", get_model("lab-tiny"), 2, 16, "int8", "cpu")
 
 
+def test_measure_bracket_wraps_the_point_in_bandwidth_readings(monkeypatch, capsys):
+    fake = types.SimpleNamespace(
+        measure_decode=lambda *args: {"device": args[4], "time_s": 0.1},
+        bracketed=lambda run, device: {**run(), "bracketed_on": device})
+    monkeypatch.setitem(sys.modules, "labkit.sweeps", fake)
+    monkeypatch.setattr("labkit.sweeps", fake, raising=False)
+    assert run_json(capsys, "measure", "decode", "--device", "cpu", "--bracket") == {
+        "device": "cpu", "time_s": 0.1, "bracketed_on": "cpu"}
+    assert "bracketed_on" not in run_json(capsys, "measure", "decode", "--device", "cpu")
+
+
 def test_measure_checks_ranges_before_running(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "labkit.sweeps", types.SimpleNamespace(measure_prefill=pytest.fail))
     assert cli.main(["measure", "prefill", "--device", "cpu", "--model", "lab-tiny", "--prompt", "5000"]) == 2

@@ -14,3 +14,16 @@ def test_workshop_cache_figure_is_labkit_s():
     cache = roofline.kv_cache_bytes(get_model(cpu["model"]), context, batch, cpu["cache_dtype"])
     assert f"batch {batch} ×\n  {context:,} tokens" in README or f"batch {batch} × {context:,} tokens" in README
     assert f"adds {cache / 1e9:.1f} GB of KV cache" in README
+
+
+def test_every_command_line_in_the_readme_parses():
+    """Each `python -m labkit ...` line of the README is accepted by the CLI's parser as written
+    (parsed, not run): a renamed flag fails here before a reader meets it."""
+    import shlex
+
+    from labkit import cli
+    lines = [line.split("#", 1)[0].strip() for line in README.splitlines()
+             if line.startswith("python -m labkit ")]
+    assert len(lines) >= 8, lines
+    for line in lines:
+        cli.build_parser().parse_args(shlex.split(line)[3:])  # exits (SystemExit 2) on a bad flag

@@ -109,3 +109,20 @@ def test_decode_compute_bound_batch_within_batch_slider_on_calibrated_cpu():
                                                 CPU["dtype"], KERNEL)
     low, high = CPU["batch"][:2]
     assert batch is not None and low < batch < high, f"compute-bound from batch {batch}, slider {low}..{high}"
+
+
+def test_bracketed_judges_a_point_against_the_bandwidth_of_its_moment(fake_roof, monkeypatch):
+    """The bandwidth read just before and after a point; the faster reading is the roof of its
+    moment. A memory-bound point's fraction follows it; the FLOP peak stays the calibration's."""
+    readings, order = iter([12e9, 15e9]), []
+    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device: order.append("bandwidth") or next(readings))
+    point = {"device": "cpu", "flops": 1e6, "bytes": 1e8, "time_s": 0.02, "compute_dtype": "fp32",
+             "roof_fraction": 0.5}
+    got = sweeps.bracketed(lambda: order.append("point") or dict(point), "cpu")
+    assert order == ["bandwidth", "point", "bandwidth"]
+    assert got["bandwidth_before_bytes_per_s"] == 12e9 and got["bandwidth_after_bytes_per_s"] == 15e9
+    assert got["bracketed_roof_fraction"] == pytest.approx(1e8 / 0.02 / 15e9)  # 5 GB/s of 15
+    assert got["roof_fraction"] == 0.5  # the calibration's fraction is kept beside it
+    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device: 30e9)
+    compute_bound = dict(point, flops=1e12, time_s=20.0)  # 1e12 FLOP at FAKE_ROOF's 100 GFLOP/s: 10 s
+    assert sweeps.bracketed(lambda: dict(compute_bound), "cpu")["bracketed_roof_fraction"] == pytest.approx(0.5)
