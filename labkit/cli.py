@@ -204,7 +204,11 @@ def run_measure(args) -> dict:
         _in_range("--context", context, 0, model.max_context, model.name)
         cache_dtype = args.cache_dtype or settings["cache_dtype"]
         run = lambda: sweeps.measure_decode(model, batch, context, cache_dtype, here.device)  # noqa: E731
-    return sweeps.bracketed(run, here.device) if args.bracket else run()
+    point = sweeps.bracketed(run, here.device) if args.bracket else run()
+    note = explore.above_roof_note(point.get("roof_fraction", 0.0))
+    if note:
+        _stderr(f"labkit: note: {note}")
+    return point
 
 
 def _stderr(message: str):

@@ -18,6 +18,19 @@ def log_grid(low: float, high: float, points: int = 64) -> list[float]:
     return [10 ** (math.log10(low) + i * step) for i in range(points)]
 
 
+def above_roof_note(fraction: float) -> str | None:
+    """What a run faster than its roof (fraction > 1) means, in one sentence; None below it.
+
+    A true roof cannot be beaten, so either the roof is stale (a calibration made when the
+    machine was slower: a shared machine's bandwidth moved 2x within half an hour on the lab's
+    VM) or the run read less from memory than counted (data kept in a cache between calls)."""
+    if not fraction > 1.0:
+        return None
+    return (f"{fraction:.0%} of the calibrated roof: the machine is faster now than when it was "
+            "calibrated, or data stayed in cache between calls; `python -m labkit calibrate --refresh` "
+            "measures the roof again, `measure --bracket` judges one run by the bandwidth of its moment")
+
+
 def roofline_curve(hardware: HardwareSpec, dtype: str = "bf16", low: float = 0.1,
                    high: float = 1e5) -> dict:
     """The roof: attainable FLOP/s = min(peak, intensity x bandwidth) over an intensity grid."""

@@ -210,8 +210,9 @@ class SliderLab:
             self.records.append(self.measure(**self.values()))
             set_measured(self.figure, explore.measured_series(self.records, self.x_key))
             last = self.records[-1]
+            note = explore.above_roof_note(last.get("roof_fraction", 0.0))
             self.error.status(f"measured {last['time_s'] * 1e3:,.1f} ms on {last.get('device_name', last['device'])}; "
-                              f"predicted {last['predicted_time_s'] * 1e3:,.1f} ms")
+                              f"predicted {last['predicted_time_s'] * 1e3:,.1f} ms" + (f" — {note}" if note else ""))
 
 
 def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:

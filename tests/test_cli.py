@@ -216,6 +216,16 @@ def test_measure_bracket_wraps_the_point_in_bandwidth_readings(monkeypatch, caps
     assert "bracketed_on" not in run_json(capsys, "measure", "decode", "--device", "cpu")
 
 
+def test_measure_says_why_a_run_beat_its_roof(monkeypatch, capsys):
+    fake = types.SimpleNamespace(measure_decode=lambda *args: {"device": "cpu", "time_s": 0.1, "roof_fraction": 1.3})
+    monkeypatch.setitem(sys.modules, "labkit.sweeps", fake)
+    monkeypatch.setattr("labkit.sweeps", fake, raising=False)
+    assert cli.main(["measure", "decode", "--device", "cpu", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["roof_fraction"] == 1.3  # stdout stays one JSON object
+    assert out.err.startswith("labkit: note: 130% of the calibrated roof")
+
+
 def test_measure_checks_ranges_before_running(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "labkit.sweeps", types.SimpleNamespace(measure_prefill=pytest.fail))
     assert cli.main(["measure", "prefill", "--device", "cpu", "--model", "lab-tiny", "--prompt", "5000"]) == 2

@@ -128,3 +128,10 @@ def test_histogram_bins_from_zero_to_the_maximum():
     h = explore.histogram([0.0, 0.1, 0.2, 1.0], bins=4)
     assert h["counts"] == [3, 0, 0, 1] and h["width"] == 0.25 and h["centres"][0] == 0.125
     assert sum(explore.histogram([0.0, 0.0])["counts"]) == 2
+
+
+def test_a_run_faster_than_its_roof_gets_a_note_and_one_under_it_none():
+    assert explore.above_roof_note(0.97) is None and explore.above_roof_note(1.0) is None
+    assert explore.above_roof_note(float("nan")) is None
+    note = explore.above_roof_note(1.06)
+    assert note.startswith("106% of the calibrated roof") and "calibrate --refresh" in note and "--bracket" in note

@@ -69,3 +69,14 @@ def test_importing_views_skips_jsonschemas_iri_grammars_but_leaves_them_importab
             "print(spec is None or importlib.import_module('rfc3987_syntax') is not None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True", "True"], out
+
+
+def test_a_point_above_its_roof_says_why_in_the_status_line():
+    lab = views.SliderLab({"prompt_tokens": views.int_slider("P", 100, 10, 1000, 10)},
+                          lambda prompt_tokens: {**fake_measure(prompt_tokens), "roof_fraction": 1.2},
+                          {"prompt_tokens": [10, 1000], "predicted_time_s": [8e-3, 0.8]}, "prompt_tokens", "P", "t")
+    lab.sliders["prompt_tokens"].value = 200
+    assert "120% of the calibrated roof" in lab.error.widget.value and "calibrate --refresh" in lab.error.widget.value
+    plain = make_lab()  # records without roof_fraction, or under the roof: no note
+    plain.sliders["prompt_tokens"].value = 200
+    assert "calibrated roof" not in plain.error.widget.value
