@@ -231,7 +231,12 @@ def load_or_calibrate(device, refresh: bool = False, max_age_s: float = MAX_AGE_
     if log:
         log(f"labkit: calibrating {kind} ({why}); about {'10' if kind == 'cpu' else '5'} s")
     spec, info = calibrate(kind)
-    write_json_atomic(path, {"format": CACHE_FORMAT, "spec": dataclasses.asdict(spec), "provenance": info})
+    try:
+        write_json_atomic(path, {"format": CACHE_FORMAT, "spec": dataclasses.asdict(spec), "provenance": info})
+    except OSError as err:  # a read-only home, a full disk: the measurement still stands, uncached
+        warnings.warn(f"labkit: could not cache the calibration in {path} ({err}); set LABKIT_CACHE_DIR "
+                      "to a writable directory, or it is measured again next time", stacklevel=2)
+        return spec, {**info, "cache_file": None, "cache_status": f"measured ({why}), not cached: {err}"}
     if log:
         log(f"labkit: calibration cached in {path}")
     return spec, {**info, "cache_file": str(path), "cache_status": f"measured ({why})"}

@@ -1,10 +1,12 @@
 """Check a GPU against the lab in one command: kernels correct, kernels fast, both phases measured.
 
-    python -m labkit.gpu_check --out DIR [--dry-run] [--budget-s 480] [--only SECTION,...]
+    python -m labkit.gpu_check --out DIR [--dry-run] [--budget-s 420] [--only SECTION,...]
     make gpu-check OUT=DIR [DRY=1]
 
 Sections, in order; each writes its recording into DIR the moment it finishes, named
-`<section>-<device>-<YYYYmmdd-HHMM>.json` (labkit.recordings: never overwritten):
+`<section>-<device>-<YYYYmmdd-HHMM>.json` (labkit.recordings: never overwritten). Until then its
+finished steps are appended to `<same name>.partial.jsonl`, so a run killed mid-section keeps
+them; a section that raises is recorded with its error and the next one runs:
 
   calibration    provenance (device, driver, torch/triton versions, date, command) and this
                  machine's measured roofline (labkit.calibrate; measured afresh on a GPU)
@@ -27,9 +29,13 @@ step starts only while its section has at least as long left as its previous ste
 does not start is recorded as `skipped: budget`, as is what does not fit in memory (checked
 before allocating). --dry-run takes the same steps at toy sizes with the lab-tiny model, in under
 a minute: on the GPU if there is one, else on the CPU in Triton's interpreter with fp16 kernels
-(its bf16 is broken). Exit codes: 0 done; 1 a correctness check failed; 2 bad arguments, or no GPU.
-Not measured here: L2 residency. Caches under ~50 MB (fp8/int8 at S=16k, B=1) stay partly in
-an H100/H200's L2 between timed calls, so their bandwidth fraction can read high.
+(its bf16 is broken). Exit codes: 0 done (the last line names any correctness check that did not
+run, and why); 1 a correctness check failed; 2 bad arguments, no GPU, or DIR unwritable.
+Not measured here: L2 residency. Caches under the L2's 50-60 MB (fp8/int8 at S=16k, B=1) stay
+partly in an H100/H200's L2 between timed calls, so their bandwidth fraction can read high.
+
+On a GPU machine with no make (and no .git beside the tree), as one command:
+    LABKIT_GIT_COMMIT=<commit> PYTHONUNBUFFERED=1 timeout 480 python3 -m labkit.gpu_check --out DIR
 """
 from __future__ import annotations
 
@@ -48,6 +54,10 @@ from .errors import FootprintError, LabError
 from .specs import BYTES_PER_ELEMENT, GPUS
 
 SECTIONS = ("calibration", "correctness", "kernels", "prefill_sweep", "decode_sweep")
+# 7 minutes of steps: a step starts only if its section has time left, so each section can run
+# over by its last step (prefill at 32k, with its autotuning, ~20 s), and the start (imports,
+# CUDA context) comes first: the whole command stays inside the 8 minutes it is allowed.
+DEFAULT_BUDGET_S = 420.0
 # Shares of --budget-s. Correctness pays the kernels' first compilation and autotuning; the
 # model sweeps pay autotuning again for every new matmul shape (M = B * P, or B in decode).
 SHARES = {"calibration": 0.05, "correctness": 0.15, "kernels": 0.20, "prefill_sweep": 0.25, "decode_sweep": 0.35}
@@ -166,26 +176,54 @@ def run_steps(run: Run, steps) -> list[dict]:
         start_s = time.perf_counter()
         try:
             results.append({"step": label, **fn()})
+            if run.device == "cuda":
+                torch.cuda.empty_cache()
         except Exception as err:  # noqa: BLE001 - recorded, and fails a correctness check
-            results.append({"step": label, "error": f"{type(err).__name__}: {err}".splitlines()[0], "passed": False})
-            run.log(f"{label}: ERROR {results[-1]['error']}")
+            if len(results) and results[-1].get("step") == label:  # empty_cache failed after the step
+                results[-1]["after_step_error"] = error_line(err)
+            else:
+                results.append({"step": label, "error": error_line(err), "passed": False})
+            run.log(f"{label}: ERROR {error_line(err)}")
         run.budget.last_step_s = time.perf_counter() - start_s
-        if run.device == "cuda":
-            torch.cuda.empty_cache()
+        log_step(run, results[-1])
     return results
 
 
-def write_section(run: Run, section: str, body: dict):
-    """The section's recording, at once: provenance, dry_run, dtype, sizes, then its results."""
+def error_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".splitlines()[0]
+
+
+def log_step(run: Run, result: dict):
+    """Append one finished step to the section's `.partial.jsonl` in --out, so that a run killed
+    mid-section (a timeout, a hung kernel) still leaves every step it finished. The section's
+    recording replaces it when the section ends."""
+    path = partial_path(run, run.budget.section)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(result, default=str) + "\n")
+
+
+def partial_path(run: Run, section: str) -> str:
+    return os.path.join(run.args.out, f"{section}-{device_slug(run)}-{run.stamp}.partial.jsonl")
+
+
+def device_slug(run: Run) -> str:
     from .backend import device_name
+    name = run.datasheet.name if run.datasheet else device_name(run.device) if run.device == "cuda" else "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
+
+
+def write_section(run: Run, section: str, body: dict):
+    """The section's recording, at once: provenance, dry_run, dtype, sizes, then its results;
+    then its `.partial.jsonl`, which holds nothing the recording does not, is removed."""
     from .recordings import provenance, write_recording
     payload = {"section": section, "dry_run": run.args.dry_run, "device": run.device, "dtype": run.dtype,
                "sizes": dataclasses.asdict(run.sizes), "budget_s": run.args.budget_s,
                "provenance": provenance(run.device, command(run.args)), **body}
-    name = run.datasheet.name if run.datasheet else device_name(run.device) if run.device == "cuda" else "cpu"
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
-    run.recordings.append(str(write_recording(run.args.out, f"{section}-{slug}-{run.stamp}", payload)))
+    run.recordings.append(str(write_recording(run.args.out, f"{section}-{device_slug(run)}-{run.stamp}", payload)))
     run.log(f"wrote {run.recordings[-1]}")
+    if os.path.exists(partial_path(run, section)):
+        os.remove(partial_path(run, section))
 
 
 def command(args) -> str:
@@ -223,7 +261,8 @@ def rates(run: Run, flops: float, nbytes: float, timing) -> dict:
     """Achieved FLOP/s and bytes/s, and the fraction reached of each roof and its bandwidth."""
     from . import measure
     out = {"flops": flops, "bytes": nbytes, **measure.achieved(flops, nbytes, timing),
-           "spread": timing.spread, "noisy": timing.noisy}
+           "spread": timing.spread, "noisy": timing.noisy, "calls_per_sample": timing.calls_per_sample,
+           "host_bound": timing.host_bound}
     for kind, hw in roofs(run).items():
         out[f"bandwidth_fraction_{kind}"] = out["achieved_bytes_per_s"] / hw.memory_bandwidth_bytes_per_s
         try:
@@ -309,8 +348,11 @@ def correctness_section(run: Run) -> dict:
               for B, S in s.decode_checks for c in (run.dtype, "fp8", "int8")]
     steps += [(f"kv_quant {c}", lambda c=c: check_kv_quant(run, c)) for c in ("int8", "fp8")]
     checks = run_steps(run, steps)
+    # A check the budget skipped did not fail, but it did not pass either: the summary names it.
     run.results["correctness_passed"] = all(c.get("passed", True) for c in checks)
-    return {"checks": checks, "all_passed": run.results["correctness_passed"]}
+    run.results["correctness_not_run"] = {c["step"]: c["skipped"] for c in checks if "skipped" in c}
+    return {"checks": checks, "all_passed": run.results["correctness_passed"],
+            "not_run": run.results["correctness_not_run"]}
 
 
 def check_matmul(run: Run, M: int, K: int, N: int) -> dict:
@@ -404,10 +446,13 @@ def bench(run: Run, label: str, flops: float, nbytes: float, ours, baseline: str
     ratio = t_base.median_s / t_ours.median_s
     fractions = ", ".join(f"{r[f'roof_fraction_{k}']:.2f} of {k} roof" for k in roofs(run)
                           if r[f"roof_fraction_{k}"] is not None)
+    host_bound = [name for name, t in (("triton", t_ours), (baseline, t_base)) if t.host_bound]
     run.log(f"  triton {format_seconds(t_ours.median_s)} = {format_rate(r['achieved_flops_per_s'], 'FLOP/s')}, "
             f"{format_rate(r['achieved_bytes_per_s'], 'B/s')} ({fractions}); {baseline} "
-            f"{format_seconds(t_base.median_s)}: triton {ratio:.2f}x as fast{target}")
-    return {**r, "baseline": baseline, "baseline_time_s": t_base.median_s, "ratio_to_baseline": ratio}
+            f"{format_seconds(t_base.median_s)}: triton {ratio:.2f}x as fast{target}"
+            + (f"; HOST-BOUND: {', '.join(host_bound)}" if host_bound else ""))
+    return {**r, "baseline": baseline, "baseline_time_s": t_base.median_s, "ratio_to_baseline": ratio,
+            "baseline_host_bound": t_base.host_bound}
 
 
 def time_matmul(run: Run, M: int, K: int, N: int) -> dict:
@@ -458,7 +503,8 @@ def time_decode(run: Run, B: int, S: int, cache_dtype: str) -> dict:
     return {"kernel": "decode_attention", "cache_dtype": cache_dtype,
             "shape": {"B": B, "H": H, "Hkv": Hkv, "S": S, "D": D},
             **bench(run, f"decode {cache_dtype} B={B} S={S}", 4 * B * H * D * S, nbytes,
-                    lambda: decode_attention(q, k, v, lengths, ks, vs), "torch (dequantise + SDPA)", torch_decode)}
+                    lambda: decode_attention(q, k, v, lengths, ks, vs, check_lengths=False),  # no host sync in the timing
+                    "torch (dequantise + SDPA)", torch_decode)}
 
 
 def summarize_kernels(run: Run, timings: list, speedups: list):
@@ -488,6 +534,9 @@ def sweep_section(run: Run, phase: str) -> dict:
         model, why = sweeps.get_built_model(run.sizes.model, run.device), None
     except FootprintError as err:
         model, why = None, str(err)
+    except Exception as err:  # noqa: BLE001 - a compile error or OOM in the warm-up: say so on every point
+        model, why = None, f"the model could not be built: {error_line(err)}"
+        run.log(f"{phase} sweep: ERROR {why}")
     steps = (prefill_steps if phase == "prefill" else decode_steps)(run, model)
     if model is None:
         steps = [(label, lambda: {"skipped": why}) for label, _ in steps]
@@ -575,7 +624,8 @@ def sweep_point(run: Run, model, where: dict, footprint_bytes: float, predict, m
         predicted_s = predict(run.datasheet)
         point.update(datasheet_predicted_time_s=predicted_s, datasheet_roof_fraction=predicted_s / point["time_s"])
     run.log(f"  measured {format_seconds(point['time_s'])} = {point['roof_fraction']:.2f} of the calibrated roof "
-            f"({point['bound']}-bound), {point['tokens_per_s']:,.0f} tokens/s")
+            f"({point['bound']}-bound), {point['tokens_per_s']:,.0f} tokens/s"
+            + ("; HOST-BOUND: the GPU waited for Python's launches" if point.get("host_bound") else ""))
     return point
 
 
@@ -598,7 +648,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = _Parser(prog="python -m labkit.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for the recordings (created if missing)")
     parser.add_argument("--dry-run", action="store_true", help="toy sizes; on a CPU in Triton's interpreter")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="wall-time budget in seconds (480)")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help=f"wall-time budget in seconds ({DEFAULT_BUDGET_S:.0f})")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"a comma-separated subset of {','.join(SECTIONS)}")
     args = parser.parse_args(argv)
     if not 0 < args.budget_s < float("inf"):
@@ -632,15 +683,24 @@ def main(argv=None) -> int:
     datasheet = datasheet_for(torch.cuda.get_device_name(0)) if device == "cuda" else None
     run = Run(args, device, "bf16" if device == "cuda" else "fp16", DRY if args.dry_run else FULL,
               Budget(args.budget_s, args.sections), datasheet)
-    try:
-        for section in args.sections:
-            run.budget.section, run.budget.last_step_s = section, 0.0
-            write_section(run, section, SECTION_FUNCTIONS[section](run))
-    except LabError as err:
-        print(f"gpu_check: error: {err}", file=sys.stderr)
-        return 2
+    for section in args.sections:
+        run.budget.section, run.budget.last_step_s = section, 0.0
+        try:
+            body = SECTION_FUNCTIONS[section](run)
+        except Exception as err:  # noqa: BLE001 - recorded; the next sections still run
+            run.log(f"ERROR {error_line(err)}")
+            body = {"error": error_line(err)}
+            run.results.setdefault("section_errors", {})[section] = body["error"]
+        try:
+            write_section(run, section, body)
+        except OSError as err:  # --out unwritable: nothing can be kept, so stop
+            print(f"gpu_check: error: could not write the {section} recording: {err}", file=sys.stderr)
+            return 2
     passed = run.results.get("correctness_passed", True)
-    print(json.dumps({"gpu_check": "ok" if passed else "correctness failed", "dry_run": args.dry_run, "device": device,
+    not_run = run.results.get("correctness_not_run") or {}
+    status = "correctness failed" if not passed else "ok" if not not_run else \
+        f"ok, but not run: {'; '.join(f'{step} ({why})' for step, why in not_run.items())}"
+    print(json.dumps({"gpu_check": status, "dry_run": args.dry_run, "device": device,
                       "datasheet": run.datasheet.name if run.datasheet else None, "budget_s": args.budget_s,
                       "wall_s": round(time.perf_counter() - run.budget.start_s, 1), **run.results,
                       "recordings": run.recordings}), flush=True)

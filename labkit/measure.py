@@ -6,8 +6,10 @@ and put the roofline's bound beside what was achieved.
     # predicted 12.1 ms (memory-bound at 3.35 TB/s), measured 13.0 ms = 0.93 of roof
 
 On CUDA each call is bracketed by a pair of CUDA events, which time the GPU's own work
-without the Python launch overhead between calls; on the CPU, PyTorch runs synchronously and
-`time.perf_counter` brackets the call.
+without the Python launch overhead between calls; a call under a millisecond is timed as the
+mean of back-to-back calls between one pair, so the host's launch work overlaps the GPU's as it
+does in a real program. On the CPU, PyTorch runs synchronously and `time.perf_counter`
+brackets the call.
 """
 from __future__ import annotations
 
@@ -27,6 +29,15 @@ from .specs import HardwareSpec
 # process, frequency scaling or a cold cache moved the result more than a lesson claim can bear.
 NOISY_SPREAD = 0.25
 MIN_SAMPLES = 3  # a budget stops timing early, but never below this many samples
+# On CUDA a call shorter than this is timed as the mean of back-to-back calls between one pair of
+# events (at most MAX_CALLS_PER_SAMPLE): a single short call's events also catch the host's launch
+# work and the synchronisation before it, tens of microseconds that a 30 us kernel does not spend.
+CUDA_MIN_SAMPLE_S = 1e-3
+MAX_CALLS_PER_SAMPLE = 100
+# On CUDA, a run whose host spent at least this fraction of the GPU's time just issuing the work
+# was host-bound: the GPU waited for Python to launch kernels, so its time says how fast the host
+# launches, not how fast the GPU computes or reads (a decode step of many small kernels at batch 1).
+HOST_BOUND_FRACTION = 0.9
 # From this many samples on, `spread` uses the 10th-90th percentile range, which one outlier
 # cannot move; below it those percentiles are mere interpolations of the extremes.
 PERCENTILE_SAMPLES = 10
@@ -37,6 +48,8 @@ class Timing:
     """Seconds per call for each timed call; the statistics are computed, never stored."""
 
     samples_s: tuple[float, ...]
+    calls_per_sample: int = 1  # >1: each sample is the mean of that many back-to-back calls (CUDA)
+    host_s: tuple[float, ...] = ()  # CUDA: per call, the host's time to issue it (launches, Python)
 
     def __post_init__(self):
         # NaN passes `<= 0` and inf would make the median and spread meaningless: refuse both.
@@ -46,6 +59,14 @@ class Timing:
     @property
     def median_s(self) -> float:
         return statistics.median(self.samples_s)
+
+    @property
+    def host_bound(self) -> bool | None:
+        """CUDA: did issuing the work take (nearly) as long as the GPU's time for it? None on
+        the CPU, where the host does the work itself."""
+        if not self.host_s:
+            return None
+        return statistics.median(self.host_s) >= HOST_BOUND_FRACTION * self.median_s
 
     @property
     def min_s(self) -> float:
@@ -71,30 +92,42 @@ class Timing:
     def to_dict(self) -> dict:
         """JSON-ready summary, units in the keys."""
         return {"median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
-                "spread": self.spread, "noisy": self.noisy, "samples_s": list(self.samples_s)}
+                "spread": self.spread, "noisy": self.noisy, "samples_s": list(self.samples_s),
+                "calls_per_sample": self.calls_per_sample,
+                "host_median_s": statistics.median(self.host_s) if self.host_s else None,
+                "host_bound": self.host_bound}
 
 
 def time_fn(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5,
             budget_s: float | None = None) -> Timing:
-    """Call `fn` `warmup` times untimed (compilation, caches, allocator), then time up to
-    `repeats` calls. Once `budget_s` of wall time (warm-up included) is spent, stop, but keep
-    at least MIN_SAMPLES samples (or `repeats`, if fewer were asked for)."""
+    """Call `fn` `warmup` times untimed (compilation, caches, allocator), then take up to
+    `repeats` samples. Once `budget_s` of wall time (warm-up included) is spent, stop, but keep
+    at least MIN_SAMPLES samples (or `repeats`, if fewer were asked for).
+
+    A sample is one call, except on CUDA for a call under CUDA_MIN_SAMPLE_S: then it is the mean
+    of enough back-to-back calls to last that long (one more untimed call measures it)."""
     if warmup < 0 or repeats < 1:
         raise LabError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     cuda = torch.device(getattr(device, "device", device)).type == "cuda"
-    timer = _cuda_call_s if cuda else _cpu_call_s
     start_s = time.perf_counter()
     for _ in range(warmup):
         fn()
+    calls = 1
     if cuda:
         torch.cuda.synchronize()
-    samples_s = []
+        calls = min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(CUDA_MIN_SAMPLE_S / _cuda_calls_s(fn, 1)[0])))
+    samples_s, host_s = [], []
     while len(samples_s) < repeats:
-        samples_s.append(timer(fn))
+        if cuda:
+            gpu_s, issue_s = _cuda_calls_s(fn, calls)
+            samples_s.append(gpu_s / calls)
+            host_s.append(issue_s / calls)
+        else:
+            samples_s.append(_cpu_call_s(fn))
         spent_s = time.perf_counter() - start_s
         if budget_s is not None and spent_s >= budget_s and len(samples_s) >= MIN_SAMPLES:
             break
-    return Timing(tuple(samples_s))
+    return Timing(tuple(samples_s), calls, tuple(host_s))
 
 
 def _cpu_call_s(fn) -> float:
@@ -103,13 +136,18 @@ def _cpu_call_s(fn) -> float:
     return time.perf_counter() - start_s
 
 
-def _cuda_call_s(fn) -> float:
+def _cuda_calls_s(fn, calls: int) -> tuple[float, float]:
+    """(GPU seconds between one pair of CUDA events around `calls` back-to-back calls, host
+    seconds spent issuing them)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    issue_s = time.perf_counter()
     start.record()
-    fn()
+    for _ in range(calls):
+        fn()
     end.record()
+    issue_s = time.perf_counter() - issue_s
     end.synchronize()  # wait for the GPU to finish before reading the events
-    return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+    return start.elapsed_time(end) / 1e3, issue_s  # elapsed_time is in milliseconds
 
 
 def _seconds(timing: Timing | float) -> float:

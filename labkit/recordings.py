@@ -68,7 +68,9 @@ def _nvidia_driver() -> str | None:
 
 
 def _git_commit() -> str | None:
-    return _run(["git", "-C", str(_REPO), "rev-parse", "HEAD"])
+    """HEAD of the repository, or LABKIT_GIT_COMMIT where the tree travelled without its .git
+    (a copy sent to a GPU machine: set it to `git rev-parse HEAD` of the checkout it came from)."""
+    return os.environ.get("LABKIT_GIT_COMMIT") or _run(["git", "-C", str(_REPO), "rev-parse", "HEAD"])
 
 
 def _run(args: list[str]) -> str | None:

@@ -117,6 +117,7 @@ def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
         "achieved_bytes_per_s": rates["achieved_bytes_per_s"],
         "roof_fraction": measure.roof_fraction(flops, bytes_moved, timing, hardware, dtype),
         "residual": timing.median_s / predicted_s - 1.0,
+        "host_bound": timing.host_bound,  # CUDA: the GPU waited for the host's launches (None on a CPU)
     }
 
 

@@ -153,6 +153,17 @@ def test_a_failed_write_leaves_the_old_cache_whole(monkeypatch):
     assert os.listdir(path.parent) == [path.name]  # no temporary file left behind
 
 
+def test_an_unwritable_cache_still_returns_the_measurement_with_a_warning(monkeypatch, tmp_path):
+    """A read-only home or a full disk: the calibration stands, uncached, and says so."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("LABKIT_CACHE_DIR", str(blocker))
+    with pytest.warns(UserWarning, match="could not cache the calibration"):
+        spec, info = calibrate.load_or_calibrate("cpu")
+    assert spec.memory_bandwidth_bytes_per_s > 0 and info["cache_file"] is None
+    assert info["cache_status"].startswith("measured") and "not cached" in info["cache_status"]
+
+
 def test_describe_summarises_for_a_notebook():
     spec, info = calibrate.load_or_calibrate("cpu")
     text = calibrate.describe(spec, info)

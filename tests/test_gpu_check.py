@@ -58,7 +58,11 @@ def test_dry_run_writes_one_recording_per_section(dry_run):
         assert "labkit.gpu_check" in record["provenance"]["command"]
         assert record["dtype"] and record["sizes"]["model"] == DRY.model
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["gpu_check"] == "ok" and summary["dry_run"] is True and summary["correctness_passed"]
+    assert summary["dry_run"] is True and summary["correctness_passed"]
+    # the one check the interpreter cannot run is named, with why; nothing else was left out
+    assert list(summary["correctness_not_run"]) == ["kv_quant fp8"]
+    assert summary["gpu_check"].startswith("ok, but not run: kv_quant fp8 (needs a GPU")
+    assert not list(out.glob("*.partial.jsonl")), "a finished section's partial log is replaced by its recording"
     assert len(summary["recordings"]) == len(SECTIONS)
 
 
@@ -127,7 +131,41 @@ def test_out_of_budget_steps_are_recorded_as_skipped(tmp_path, capsys):
     assert sorted(found) == ["correctness", "decode_sweep"]
     items = found["correctness"][0]["checks"] + found["decode_sweep"][0]["points"]
     assert items and all(item["skipped"] == "budget" for item in items)
-    assert json.loads(capsys.readouterr().out.splitlines()[-1])["correctness_passed"] is True
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["correctness_passed"] is True  # nothing failed, but the summary says nothing ran
+    assert set(summary["correctness_not_run"].values()) == {"budget"}
+    assert len(summary["correctness_not_run"]) == len(found["correctness"][0]["checks"])
+    assert summary["gpu_check"].startswith("ok, but not run: matmul")
+
+
+def test_a_section_that_raises_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
+    def broken(run):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+    monkeypatch.setitem(gc.SECTION_FUNCTIONS, "calibration", broken)
+    code = gc.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "1e-6", "--only", "calibration,correctness"])
+    assert code == 0
+    found = recordings(tmp_path)
+    assert found["calibration"][0]["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert found["correctness"][0]["checks"], "the next section ran"
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["section_errors"] == {"calibration": found["calibration"][0]["error"]}
+
+
+def test_each_finished_step_is_on_disk_before_its_section_ends(tmp_path):
+    """A run killed mid-section keeps the steps it finished (the .partial.jsonl); the section's
+    recording replaces the partial log when the section ends."""
+    args = gc.parse_args(["--out", str(tmp_path), "--dry-run"])
+    run = gc.Run(args, "cpu", "fp16", DRY, Budget(60, SECTIONS), None)
+    run.budget.section = "kernels"
+    partial = Path(gc.partial_path(run, "kernels"))
+    seen = []
+    results = gc.run_steps(run, [("first", lambda: {"value": 1}),
+                                 ("second", lambda: seen.append(partial.read_text().splitlines()) or 1 / 0)])
+    assert [json.loads(line) for line in seen[0]] == [{"step": "first", "value": 1}]  # on disk before "second"
+    lines = [json.loads(line) for line in partial.read_text().splitlines()]
+    assert lines == results and lines[1]["error"] == "ZeroDivisionError: division by zero"
+    gc.write_section(run, "kernels", {"timings": results})
+    assert not partial.exists() and recordings(tmp_path)["kernels"][0]["timings"] == results
 
 
 @pytest.mark.slow

@@ -49,7 +49,8 @@ def test_timing_refuses_empty_or_nonpositive_samples():
 def test_timing_to_dict_carries_units():
     summary = Timing((1.0, 3.0, 2.0)).to_dict()
     assert summary == {"median_s": 2.0, "min_s": 1.0, "max_s": 3.0, "spread": 1.0, "noisy": True,
-                       "samples_s": [1.0, 3.0, 2.0]}
+                       "samples_s": [1.0, 3.0, 2.0], "calls_per_sample": 1,
+                       "host_median_s": None, "host_bound": None}
 
 
 class Counter:
@@ -129,6 +130,31 @@ def test_display_formats():
     assert measure.format_rate(9.4e9, "B/s") == "9.40 GB/s"
 
 
+def test_a_short_cuda_call_is_timed_as_the_mean_of_back_to_back_calls(monkeypatch):
+    """The logic only (no GPU needed): a 20 us call is measured once untimed, then each sample
+    is 50 calls between one pair of events; a 5 ms call stays one call per sample."""
+    batches = []
+
+    def fake_events(fn, calls, call_s):
+        batches.append(calls)
+        return calls * call_s, calls * call_s * 0.5  # the host issues each call in half its GPU time
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    for call_s, calls in ((20e-6, 50), (5e-3, 1), (1e-9, measure.MAX_CALLS_PER_SAMPLE)):
+        batches.clear()
+        monkeypatch.setattr(measure, "_cuda_calls_s", lambda fn, n, call_s=call_s: fake_events(fn, n, call_s))
+        timing = measure.time_fn(lambda: None, "cuda", warmup=1, repeats=4)
+        assert batches == [1] + [calls] * 4 and timing.calls_per_sample == calls
+        assert timing.median_s == pytest.approx(call_s) and timing.to_dict()["calls_per_sample"] == calls
+        assert timing.host_bound is False and timing.to_dict()["host_median_s"] == pytest.approx(call_s / 2)
+
+
+def test_host_bound_when_issuing_takes_as_long_as_the_gpu():
+    assert Timing((1e-3,) * 3, 1, (0.95e-3,) * 3).host_bound is True
+    assert Timing((1e-3,) * 3, 1, (0.2e-3,) * 3).host_bound is False
+    assert Timing((1e-3,) * 3).host_bound is None  # CPU: the host does the work
+
+
 @pytest.mark.gpu
 def test_time_fn_uses_cuda_events_on_a_gpu():
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -138,3 +164,5 @@ def test_time_fn_uses_cuda_events_on_a_gpu():
     # Events time the GPU's work: a 137 GFLOP matmul takes well under a second on any CUDA GPU
     # the lab supports, and cannot beat 2 PFLOP/s.
     assert flops / 2e15 < timing.median_s < 1.0
+    small = torch.randn(1024, device="cuda")
+    assert measure.time_fn(lambda: small.add_(1.0), "cuda", warmup=2, repeats=3).calls_per_sample > 1

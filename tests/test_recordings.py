@@ -33,6 +33,14 @@ def test_provenance_names_device_date_and_software():
         assert key in info
 
 
+def test_provenance_takes_the_commit_from_the_environment_when_given(monkeypatch):
+    """A tree copied to a GPU machine travels without .git: LABKIT_GIT_COMMIT names its commit."""
+    monkeypatch.setenv("LABKIT_GIT_COMMIT", "0123abc")
+    assert recordings.provenance("cpu")["git_commit"] == "0123abc"
+    monkeypatch.delenv("LABKIT_GIT_COMMIT")
+    assert recordings.provenance("cpu")["git_commit"] != "0123abc"
+
+
 def test_provenance_takes_a_command_and_a_torch_device():
     info = recordings.provenance(torch.device("cpu"), command="make gpu-check")
     assert info["command"] == "make gpu-check" and info["device"] == "cpu"

@@ -11,7 +11,7 @@ from labkit.specs import HardwareSpec, get_model
 COMMON_KEYS = {"phase", "device", "device_name", "hardware", "model", "batch", "cache_dtype", "compute_dtype",
                "kernels", "time_s", "time_min_s", "time_max_s", "spread", "noisy", "samples", "flops", "bytes",
                "predicted_time_s", "bound", "achieved_flops_per_s", "achieved_bytes_per_s", "roof_fraction",
-               "residual", "tokens_per_s"}
+               "residual", "tokens_per_s", "host_bound"}
 # A stand-in for this machine's calibration (which takes ~10 s): the shape of a 2-core CPU's roof.
 FAKE_ROOF = HardwareSpec("test CPU roof", None, None, None, None, 100e9, 10e9, 16e9, kind="calibrated")
 
@@ -28,6 +28,7 @@ def check_point(point, phase, x_key, x):
     assert point["time_min_s"] <= point["time_s"] <= point["time_max_s"] and point["time_s"] > 0
     assert point["predicted_time_s"] > 0 and point["roof_fraction"] > 0 and point["flops"] > 0
     assert point["bound"] in ("compute", "memory") and point["samples"] >= 1
+    assert point["host_bound"] is None  # a CPU point: the host does the work, nothing to wait for
     assert math.isclose(point["residual"], point["time_s"] / point["predicted_time_s"] - 1)
     assert math.isclose(point["achieved_flops_per_s"], point["flops"] / point["time_s"])
 
