@@ -22,20 +22,24 @@ x += down(silu(gate(n(x))) * up(n(x))). q/k/v are one fused matrix `wqkv` and ga
 
 Shapes: tokens [B, P] int64; x [B, P, d]; q [B, H, P, dh]; k, v [B, Hkv, P, dh]; logits [B, V] fp32.
 
-CPU decode speed (lab-cpu, fp32 weights, the lab's 2-core EPYC VM). A step reads 63 MB of matmul
-weights, 50 MB of them the head, plus the cache. What keeps it below the copy bandwidth:
-  * B = 2..16: intensity is ~B/2 FLOP/byte against a ridge of ~7.4 (95 GFLOP/s / 12.8 GB/s),
-    so at B = 8 the FLOPs alone take 54 % of the memory time at peak; reading at 0.7 of the
-    bandwidth needs OpenBLAS's few-row gemm at ~40 % of its square-matmul peak while streaming.
-    Its own threads managed 2-5 GB/s on the head; column blocks on worker threads (`blas_matmul`)
-    did 1.5-5x better on a busy machine (load 6); not yet timed on a quiet one;
+CPU decode speed (lab-cpu, fp32 weights, the lab's 2-core EPYC VM, whose bandwidth reads 11-22
+GB/s with the neighbours' load). A step reads 63 MB of matmul weights, 50 MB of them the head,
+plus the cache, in phases that run one after another. What keeps it below the bandwidth
+(instrumented steps and A/B runs in one process, 2026-11-29):
+  * B = 1, S = 0 (~5.5-6.3 ms): the head's 48 MiB gemv runs at about the read rate on both
+    cores (~3 ms); the 16 layer products, 12 MiB whose weights arrive cold, at ~7 GB/s on one
+    thread (~1.9 ms: splitting them over two threads was slower, the hand-offs cost more than
+    they save); ~150 small numpy calls and the step's bookkeeping ~1 ms;
+  * B = 2..16: OpenBLAS packs the weight for a few-row gemm, so the head streams at 5-10 GB/s
+    whatever the threading (its own threads, column blocks on worker threads as `blas_matmul`
+    does, and at B = 4 oneDNN's prepacked weights were within 10 % of each other); and
+    the FLOPs (~B/2 per weight byte against a ridge of 5-9) take their own time, which the
+    memory-bound phases (attention) cannot hide: the step is a sequence, not an overlap;
+  * attention reads each (row, kv head)'s K and V, 0.25-2 MiB blocks, from cold memory at
+    3-5 GB/s a thread, half the rate of one long stream;
   * a fixed cost of ~400 aten calls a step (views included; norms, RoPE, residuals, SDPA), 1-20 us
     each: why an fp32 model on the CPU decodes through `cpu_decode` (the same layers as numpy
     calls, 1.3-1.6x faster at B <= 4) and this file's loop runs for bf16 and the Triton ops;
-  * a B = 1 step at S = 0 (numpy step, ~6.1 ms) spends ~53 % of its time in the head's 48 MiB
-    gemv, at about the copy rate on both cores, and ~22 % in 16 small products whose weights arrive
-    cold from memory at ~9 GB/s on one thread; splitting those over two threads was slower, the
-    wake-ups cost more than they save (2026-11-29, instrumented steps);
   * a bf16 cache: this CPU has no bf16 instructions and torch's SDPA converts as it reads —
     3 GB/s against 9 GB/s for an fp32 cache (one layer, B = 1, S = 4096, on a busy machine).
 """
