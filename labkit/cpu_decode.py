@@ -39,7 +39,7 @@ def applies(model) -> tuple[bool, str]:
 
 
 class NumpyDecode:
-    """`decode(tokens, positions, attend, max_length, mixed)` for a CPU fp32 `Llama` (see the module
+    """`decode(tokens, positions, max_length, mixed)` for a CPU fp32 `Llama` (see the module
     docstring); arguments as `Llama.decode_step` computes them."""
 
     def __init__(self, model):
@@ -54,7 +54,7 @@ class NumpyDecode:
         # the torch step's own fp32 frequencies, so the angles match it bit for bit
         self.inv_freq = rope_inverse_frequencies(spec.head_dim, spec.rope_theta).numpy()  # [dh/2]
 
-    def decode(self, tokens, positions, attend, max_length: int, mixed: bool) -> torch.Tensor:
+    def decode(self, tokens, positions, max_length: int, mixed: bool) -> torch.Tensor:
         model, spec, cache = self.model, self.model.spec, self.model.cache
         B, H, Hkv, dh = tokens.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
@@ -64,6 +64,8 @@ class NumpyDecode:
         here = not mixed and cache.cache_dtype == "fp32"
         if here:
             K_all, V_all = cache.k.numpy(), cache.v.numpy()
+        else:
+            attend = cache.lengths + 1  # [B] keys each query sees, the new one included
         x = self.embed[tokens.numpy()]  # [B, d]
         for i, (attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down) in enumerate(self.layers):
             qkv = blas_matmul(self._rms(x, attn_norm), wqkv).reshape(B, H + 2 * Hkv, dh)

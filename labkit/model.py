@@ -534,10 +534,10 @@ class Llama(nn.Module):
         ends = [n + 1 for n in cache.host_lengths]
         mixed = len(set(ends)) > 1
         positions = cache.lengths if mixed else cache.host_lengths[0]
-        attend = cache.lengths + 1  # [B] keys each query sees, the new one included
         if self.numpy_decode is not None:  # CPU, fp32: the same layers as numpy calls (cpu_decode)
-            logits = self.numpy_decode.decode(tokens, positions, attend, max(ends), mixed)
+            logits = self.numpy_decode.decode(tokens, positions, max(ends), mixed)
         else:
+            attend = cache.lengths + 1  # [B] keys each query sees, the new one included
             where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
             rope = rope_angles(where, self.spec.head_dim, self.spec.rope_theta)
             x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
