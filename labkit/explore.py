@@ -166,7 +166,8 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
 def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", include_dry_runs: bool = False,
                     **where) -> list[dict]:
     """Each recording's measured points (skipped or failed steps left out) as one series,
-    labelled with the hardware and date it was recorded on. `where` keeps only points whose
+    labelled with the hardware and date it was recorded on, with which points were host-bound
+    (the GPU waited on Python's launches: the host's rate, not the GPU's). `where` keeps only points whose
     fields equal the given values (model="llama-3.1-8b", cache_dtype="bf16", ...). Dry runs
     (toy sizes on a CPU) are left out unless `include_dry_runs`."""
     series = []
@@ -179,6 +180,7 @@ def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", i
             prov = rec["provenance"]
             label = f"recorded: {prov.get('device_name') or prov['device']}, {str(prov['date'])[:10]}"
             series.append({"label": label, "x": [p[x_key] for p in points], "y": [p[y_key] for p in points],
+                           "host_bound": [bool(p.get("host_bound")) for p in points],
                            "device": prov["device"], "path": rec.get("_path")})
     return series
 

@@ -46,7 +46,8 @@ def test_growth_reads_the_ends_of_a_sweep():
 def _recording(device_name="NVIDIA H200", date="2026-01-02T03:04:05+00:00", dry_run=False):
     return {"provenance": {"device": "cuda", "device_name": device_name, "date": date}, "phase": "prefill",
             "dry_run": dry_run, "points": [
-                {"step": "prefill P=4096", "model": "llama-3.1-8b", "prompt_tokens": 4096, "time_s": 0.4},
+                {"step": "prefill P=4096", "model": "llama-3.1-8b", "prompt_tokens": 4096, "time_s": 0.4,
+                 "host_bound": True},
                 {"step": "prefill P=1024", "model": "llama-3.1-8b", "prompt_tokens": 1024, "time_s": 0.1},
                 {"step": "prefill P=65536", "skipped": "does not fit"},
                 {"step": "prefill P=2048", "error": "boom", "passed": False}]}
@@ -58,6 +59,7 @@ def test_recorded_series_from_a_written_recording(tmp_path):
     series = explore.recorded_series(load_recordings(tmp_path, phase="prefill"), "prompt_tokens", model="llama-3.1-8b")
     assert len(series) == 1
     assert series[0]["x"] == [1024, 4096] and series[0]["y"] == [0.1, 0.4]
+    assert series[0]["host_bound"] == [False, True]  # a point without the flag (older recordings): False
     assert series[0]["label"] == "recorded: NVIDIA H200, 2026-01-02"
     assert series[0]["path"].endswith("prefill_sweep-h200.json")
 
