@@ -400,14 +400,22 @@ class Llama(nn.Module):
                            f"of {batch} x {max_tokens} tokens")
         self._init_weights(seed)
         self.cache = self._new_cache(batch, max_tokens, cache_dtype)
-        from . import cpu_decode
+        from . import cpu_decode, graphed_decode
         lean, self.decode_reason = cpu_decode.applies(self)
         self.numpy_decode = cpu_decode.NumpyDecode(self) if lean else None
+        graphs, why = graphed_decode.applies(self)
+        self.graphed_decode = graphed_decode.GraphedDecode(self) if graphs else None
+        if not lean:
+            self.decode_reason = f"{self.decode_reason}; {why}"
 
     @property
     def decode_kernels(self) -> str:
-        """What runs a decode step: "numpy" (CPU, fp32; see `cpu_decode`), else the ops' name."""
-        return "numpy" if self.numpy_decode is not None else self.ops.name
+        """What runs a decode step: "numpy" (CPU, fp32; see `cpu_decode`), else the ops' name,
+        with "+graph" once the step runs as a replayed CUDA graph (`graphed_decode`)."""
+        if self.numpy_decode is not None:
+            return "numpy"
+        graphed = self.graphed_decode is not None and self.graphed_decode.graph is not None
+        return self.ops.name + ("+graph" if graphed else "")
 
     def _init_weights(self, seed):
         spec, dtype, device = self.spec, COMPUTE_DTYPES[self.compute_dtype], self.device
@@ -536,19 +544,27 @@ class Llama(nn.Module):
         positions = cache.lengths if mixed else cache.host_lengths[0]
         if self.numpy_decode is not None:  # CPU, fp32: the same layers as numpy calls (cpu_decode)
             logits = self.numpy_decode.decode(tokens, positions, max(ends), mixed)
-        else:
-            attend = cache.lengths + 1  # [B] keys each query sees, the new one included
-            where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
-            rope = rope_angles(where, self.spec.head_dim, self.spec.rope_theta)
-            x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
-            for i, layer in enumerate(self.layers):
-                q, k, v = self._qkv(layer, x, rope)
-                cache.update(i, k, v, positions)
-                o = self.ops.decode_attention(q[:, :, 0], cache, i, attend, max(ends), mixed)
-                x = self._finish_layer(layer, x, o[:, :, None])
-            logits = self._logits(x[:, 0])
+        else:  # CUDA: one replay of the captured step when it can (graphed_decode), else eagerly
+            logits = self.graphed_decode.step(tokens) if self.graphed_decode is not None else None
+            if logits is None:
+                logits = self._decode_layers(tokens, positions, cache.lengths + 1, max(ends), mixed)
         cache.advance()
         return logits
+
+    def _decode_layers(self, tokens, positions, attend, max_length: int, mixed: bool) -> torch.Tensor:
+        """The decode step's arithmetic: tokens [B] -> logits [B, V], writing each row's K/V at
+        `positions` (an int for all rows, or a device tensor [B]) and attending over `attend` [B]
+        keys, at most `max_length`. `mixed`: positions is a tensor. Bookkeeping is the caller's."""
+        cache = self.cache
+        where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
+        rope = rope_angles(where, self.spec.head_dim, self.spec.rope_theta)
+        x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, rope)
+            cache.update(i, k, v, positions)
+            o = self.ops.decode_attention(q[:, :, 0], cache, i, attend, max_length, mixed)
+            x = self._finish_layer(layer, x, o[:, :, None])
+        return self._logits(x[:, 0])
 
     def _check_decode(self, tokens):
         cache = self.cache

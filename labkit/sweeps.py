@@ -168,7 +168,7 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     point = _point("decode", built, timing, flops, bytes_moved, context_tokens=context_tokens,
                    batch=batch, cache_dtype=cache_dtype)
     point.update(cache_share=share, regime=roofline.decode_regime(share),
-                 tokens_per_s=batch / timing.median_s)
+                 tokens_per_s=batch / timing.median_s, decode_reason=built.decode_reason)
     return point
 
 

@@ -1,0 +1,158 @@
+"""labkit.graphed_decode: the step it captures equals the eager step (on the CPU, in Triton's
+interpreter), its capture/replay/fallback logic with a stand-in for torch.cuda, and on a GPU the
+real graph against the eager step."""
+import contextlib
+import os
+import shutil
+
+if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from labkit import graphed_decode  # noqa: E402
+from labkit.model import Llama  # noqa: E402
+from labkit.specs import get_model  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TINY = get_model("lab-tiny")
+
+
+def tokens_for(seed, *shape):
+    return torch.randint(0, TINY.vocab_size, shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def two_models(cache_dtype="fp32", mixed=True, kernels="torch"):
+    """Identical models (one seed) with the same prompts: row 1 free, rows 0 and 2 of different
+    lengths when `mixed` (continuous batching), else equal. The torch ops (the numpy step off)
+    run the graph logic's tests fast on a CPU; the Triton ops are what CUDA captures."""
+    models = [Llama(TINY, batch=3, max_tokens=24, cache_dtype=cache_dtype, device=DEVICE, compute_dtype="fp32",
+                    kernels=kernels, seed=5) for _ in range(2)]
+    for model in models:
+        model.numpy_decode = None  # the layer-by-layer step, as on CUDA
+        model.prefill_slot(0, tokens_for(1, 4))
+        model.prefill_slot(2, tokens_for(2, 7 if mixed else 4))
+    return models
+
+
+class FakeCuda:
+    """torch.cuda's graph API on a CPU: streams do nothing; "capture" runs the body once;
+    replay does nothing, so a replay returns what the capture computed."""
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class CUDAGraph:
+        replays = 0
+
+        def replay(self):
+            FakeCuda.CUDAGraph.replays += 1
+
+    def __init__(self, fail_capture=False):
+        self.fail_capture = fail_capture
+
+    def current_stream(self):
+        return FakeCuda.Stream()
+
+    def stream(self, stream):
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def graph(self, graph):
+        if self.fail_capture:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        yield
+
+
+@pytest.mark.parametrize("kernels, cache_dtype, mixed", [("triton", "fp32", True), ("triton", "int8", False),
+                                                        ("torch", "fp32", False), ("torch", "int8", True)])
+def test_the_captured_formulation_equals_the_eager_step(kernels, cache_dtype, mixed):
+    """What the graph captures (positions and lengths from the device, the capacity as the longest
+    row) gives the eager step's logits and writes the same K/V, step after step."""
+    graphed, eager = two_models(cache_dtype, mixed, kernels)
+    for i in range(2):
+        step = tokens_for(10 + i, 3)
+        cache = graphed.cache
+        got = graphed._decode_layers(step, cache.lengths, cache.lengths + 1, cache.max_tokens, True)
+        cache.advance()
+        want = eager.decode_step(step)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {i}")
+    torch.testing.assert_close(graphed.cache.k.float(), eager.cache.k.float(), atol=1e-5, rtol=1e-5)
+    assert graphed.cache.host_lengths == eager.cache.host_lengths
+
+
+def test_capture_then_replay_with_the_model_bookkeeping(monkeypatch):
+    monkeypatch.setattr(graphed_decode, "cuda", FakeCuda())
+    graphed, eager = two_models()
+    graphed.graphed_decode = graphed_decode.GraphedDecode(graphed)
+    step = tokens_for(20, 3)
+    torch.testing.assert_close(graphed.decode_step(step), eager.decode_step(step), atol=1e-5, rtol=1e-5)
+    assert graphed.decode_kernels == "torch+graph" and graphed.graphed_decode.off is None
+    assert graphed.cache.host_lengths == eager.cache.host_lengths == [5, 0, 8]
+    replays = FakeCuda.CUDAGraph.replays
+    graphed.decode_step(step)  # same cache: no new capture, one more replay
+    assert FakeCuda.CUDAGraph.replays == replays + 1
+    first = graphed.graphed_decode.graph
+    graphed.setup_cache(3, 24, "fp32")  # a new cache: captured anew on its first step
+    graphed.prefill_slot(0, tokens_for(1, 4))
+    graphed.decode_step(step)
+    assert graphed.graphed_decode.graph is not first
+
+
+def test_a_failed_capture_falls_back_to_the_eager_step_and_says_why(monkeypatch):
+    monkeypatch.setattr(graphed_decode, "cuda", FakeCuda(fail_capture=True))
+    graphed, eager = two_models()
+    graphed.decode_reason += "; decode step as a CUDA graph once captured"  # as applies() says on CUDA
+    graphed.graphed_decode = graphed_decode.GraphedDecode(graphed)
+    for i in range(2):
+        step = tokens_for(30 + i, 3)
+        torch.testing.assert_close(graphed.decode_step(step), eager.decode_step(step), atol=1e-5, rtol=1e-5)
+    assert graphed.graphed_decode.off.startswith("capture failed: RuntimeError: operation not permitted")
+    assert "CUDA graph off, capture failed" in graphed.decode_reason and graphed.decode_kernels == "torch"
+
+
+def test_a_replay_that_differs_from_the_eager_step_turns_graphs_off(monkeypatch):
+    class BakedIn(graphed_decode.GraphedDecode):  # the captured step computes something else
+        calls = 0
+
+        def _body(self):
+            self.calls += 1
+            return super()._body() + (1.0 if self.calls == graphed_decode.WARMUP_STEPS + 1 else 0.0)
+
+    monkeypatch.setattr(graphed_decode, "cuda", FakeCuda())
+    graphed, eager = two_models()
+    graphed.graphed_decode = BakedIn(graphed)
+    step = tokens_for(40, 3)
+    torch.testing.assert_close(graphed.decode_step(step), eager.decode_step(step), atol=1e-5, rtol=1e-5)
+    assert graphed.graphed_decode.off.startswith("the replayed step differs from the eager one")
+    assert graphed.graphed_decode.graph is None and graphed.decode_kernels == "torch"
+
+
+def test_graphs_only_on_cuda_with_the_triton_ops(monkeypatch):
+    cpu = Llama(TINY, batch=1, max_tokens=8, device="cpu", compute_dtype="fp32")
+    assert graphed_decode.applies(cpu) == (False, "no CUDA graph (not on CUDA)") and cpu.graphed_decode is None
+    if CUDA:
+        monkeypatch.setenv("LABKIT_CUDA_GRAPHS", "0")
+        off = Llama(TINY, batch=1, max_tokens=8, device="cuda")
+        assert off.graphed_decode is None and "LABKIT_CUDA_GRAPHS=0" in off.decode_reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cache_dtype", ["bf16", "fp8", "int8"])
+def test_a_real_cuda_graph_replays_the_eager_step(cache_dtype, monkeypatch):
+    graphed = Llama(TINY, batch=3, max_tokens=24, cache_dtype=cache_dtype, device="cuda", seed=5)
+    monkeypatch.setenv("LABKIT_CUDA_GRAPHS", "0")
+    eager = Llama(TINY, batch=3, max_tokens=24, cache_dtype=cache_dtype, device="cuda", seed=5)
+    for model in (graphed, eager):
+        model.prefill_slot(0, tokens_for(1, 4))
+        model.prefill_slot(2, tokens_for(2, 7))
+    for i in range(4):
+        step = tokens_for(50 + i, 3)
+        torch.testing.assert_close(graphed.decode_step(step).float(), eager.decode_step(step).float(),
+                                   atol=2e-2, rtol=2e-2, msg=f"step {i}")
+    assert graphed.decode_kernels == "triton+graph", graphed.decode_reason
+    assert graphed.cache.lengths.tolist() == graphed.cache.host_lengths == [8, 0, 11]
