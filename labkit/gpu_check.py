@@ -596,6 +596,8 @@ def release_cache(run: Run, model):
     """Drop the model's KV cache, so that the next fit check counts its memory as free."""
     import torch
     model.cache = None
+    if getattr(model, "graphed_decode", None) is not None:
+        model.graphed_decode.release()  # its CUDA graph points into the freed cache
     if run.device == "cuda":
         torch.cuda.empty_cache()
 

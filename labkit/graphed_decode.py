@@ -58,10 +58,9 @@ class GraphedDecode:
     def step(self, tokens: torch.Tensor) -> torch.Tensor | None:
         if self.off:
             return None
-        cache = self.model.cache
-        key = (id(cache), cache.k.data_ptr(), cache.lengths.data_ptr(), tokens.shape[0])
+        key = self._key(tokens)
         if key != self.key:
-            self.graph = self.tokens = self.logits = None  # free the old graph's memory first
+            self.release()  # free the old graph's memory first
             try:
                 self._capture(tokens)
             except Exception as err:  # noqa: BLE001 - fall back to the eager step, and say why
@@ -73,6 +72,19 @@ class GraphedDecode:
         self.tokens.copy_(tokens)
         self.graph.replay()
         return self.logits.clone()  # the next replay overwrites the static output
+
+    def release(self):
+        """Drop the graph and its memory (the model's cache is being replaced or freed)."""
+        self.graph = self.tokens = self.logits = self.key = None
+
+    def _key(self, tokens) -> tuple:
+        """What the graph bakes in: the address, shape and dtype of every cache tensor it reads or
+        writes, and the batch. A new cache that reuses freed memory at the same addresses with
+        the same shapes would replay correctly; anything else is captured anew."""
+        cache = self.model.cache
+        tensors = (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.lengths, cache._rows)
+        return (tokens.shape[0], cache.cache_dtype, tuple(cache.k.shape),
+                tuple(t.data_ptr() if t is not None else None for t in tensors))
 
     def _body(self):
         """The step as captured: positions and attended lengths from the device, the cache's

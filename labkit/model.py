@@ -451,6 +451,8 @@ class Llama(nn.Module):
         backend.check_fits(need, self.device.type, f"a {cache_dtype} KV cache of {batch} x {max_tokens} "
                            f"tokens for {self.spec.name}")
         self.cache = None  # free the old buffers before allocating the new ones
+        if self.graphed_decode is not None:
+            self.graphed_decode.release()  # its graph points into the old cache
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.cache = self._new_cache(batch, max_tokens, cache_dtype)

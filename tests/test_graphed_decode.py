@@ -96,10 +96,13 @@ def test_capture_then_replay_with_the_model_bookkeeping(monkeypatch):
     graphed.decode_step(step)  # same cache: no new capture, one more replay
     assert FakeCuda.CUDAGraph.replays == replays + 1
     first = graphed.graphed_decode.graph
-    graphed.setup_cache(3, 24, "fp32")  # a new cache: captured anew on its first step
+    graphed.setup_cache(3, 24, "fp32")  # a new cache: the old graph (it points into the old one) is dropped
+    assert graphed.graphed_decode.graph is None and graphed.graphed_decode.key is None
     graphed.prefill_slot(0, tokens_for(1, 4))
-    graphed.decode_step(step)
-    assert graphed.graphed_decode.graph is not first
+    graphed.decode_step(step)  # ... and the new cache is captured on its first step
+    assert graphed.graphed_decode.graph is not None and graphed.graphed_decode.graph is not first
+    key = graphed.graphed_decode.key
+    assert key[:3] == (3, "fp32", tuple(graphed.cache.k.shape)) and graphed.cache.k.data_ptr() in key[3]
 
 
 def test_a_failed_capture_falls_back_to_the_eager_step_and_says_why(monkeypatch):
