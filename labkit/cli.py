@@ -205,8 +205,7 @@ def run_measure(args) -> dict:
         cache_dtype = args.cache_dtype or settings["cache_dtype"]
         run = lambda: sweeps.measure_decode(model, batch, context, cache_dtype, here.device)  # noqa: E731
     point = sweeps.bracketed(run, here.device) if args.bracket else run()
-    note = explore.above_roof_note(point.get("roof_fraction", 0.0))
-    if note:
+    for note in explore.point_notes(point):
         _stderr(f"labkit: note: {note}")
     return point
 

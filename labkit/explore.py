@@ -31,6 +31,17 @@ def above_roof_note(fraction: float) -> str | None:
             "measures the roof again, `measure --bracket` judges one run by the bandwidth of its moment")
 
 
+HOST_BOUND_NOTE = "host-bound: the GPU waited for Python to launch its work; this time measures the host, not the GPU"
+
+
+def point_notes(point: dict) -> list[str]:
+    """What a reader of one measured point should know beyond its numbers: that it beat its
+    roof (`above_roof_note`), or that its GPU waited on the host (`host_bound`)."""
+    notes = [above_roof_note(point.get("roof_fraction", 0.0)),
+             HOST_BOUND_NOTE if point.get("host_bound") else None]
+    return [note for note in notes if note]
+
+
 def roofline_curve(hardware: HardwareSpec, dtype: str = "bf16", low: float = 0.1,
                    high: float = 1e5) -> dict:
     """The roof: attainable FLOP/s = min(peak, intensity x bandwidth) over an intensity grid."""

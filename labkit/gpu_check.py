@@ -53,6 +53,7 @@ from datetime import datetime, timezone
 
 from . import roofline
 from .errors import FootprintError, LabError
+from .explore import HOST_BOUND_NOTE
 from .specs import BYTES_PER_ELEMENT, GPUS
 
 SECTIONS = ("calibration", "correctness", "kernels", "prefill_sweep", "decode_sweep")
@@ -177,17 +178,18 @@ def run_steps(run: Run, steps) -> list[dict]:
             continue
         start_s = time.perf_counter()
         try:
-            results.append({"step": label, **fn()})
-            if run.device == "cuda":
-                torch.cuda.empty_cache()
+            result = {"step": label, **fn()}
         except Exception as err:  # noqa: BLE001 - recorded, and fails a correctness check
-            if len(results) and results[-1].get("step") == label:  # empty_cache failed after the step
-                results[-1]["after_step_error"] = error_line(err)
-            else:
-                results.append({"step": label, "error": error_line(err), "passed": False})
-            run.log(f"{label}: ERROR {error_line(err)}")
+            result = {"step": label, "error": error_line(err), "passed": False}
+            run.log(f"{label}: ERROR {result['error']}")
+        if run.device == "cuda":
+            try:  # after a sticky CUDA error this raises too: keep the step, say so
+                torch.cuda.empty_cache()
+            except Exception as err:  # noqa: BLE001
+                result["after_step_error"] = error_line(err)
         run.budget.last_step_s = time.perf_counter() - start_s
-        log_step(run, results[-1])
+        results.append(result)
+        log_step(run, result)
     return results
 
 
@@ -544,7 +546,7 @@ def sweep_section(run: Run, phase: str) -> dict:
         steps = [(label, lambda: {"skipped": why}) for label, _ in steps]
     points = run_steps(run, steps)
     if model:
-        release_cache(run, model)
+        model.release_cache()
     return {"phase": phase, "model": run.sizes.model, "points": points}
 
 
@@ -584,22 +586,12 @@ def decode_batches(run: Run, model, cache_dtype: str) -> list[int]:
     not fit stays in the list, so the recording shows where memory ran out."""
     s, batches = run.sizes, list(run.sizes.batches)
     if model is not None:
-        release_cache(run, model)
+        model.release_cache()
         spec, dtype = model.spec, model.compute_dtype
         while batches[-1] * 2 <= s.max_batch and not refusal(run, model, roofline.memory_footprint_bytes(
                 spec, batches[-1], s.context + 1, dtype, cache_dtype, prefill_tokens=1), "decode"):
             batches.append(batches[-1] * 2)
     return batches
-
-
-def release_cache(run: Run, model):
-    """Drop the model's KV cache, so that the next fit check counts its memory as free."""
-    import torch
-    model.cache = None
-    if getattr(model, "graphed_decode", None) is not None:
-        model.graphed_decode.release()  # its CUDA graph points into the freed cache
-    if run.device == "cuda":
-        torch.cuda.empty_cache()
 
 
 def refusal(run: Run, model, footprint_bytes: float, what: str) -> str | None:
@@ -617,7 +609,7 @@ def sweep_point(run: Run, model, where: dict, footprint_bytes: float, predict, m
     does not fit, else the roof printed, the point measured and the datasheet's roof added."""
     from .measure import format_seconds
     label = where["phase"] + " " + " ".join(f"{k}={v}" for k, v in where.items() if k != "phase")
-    release_cache(run, model)
+    model.release_cache()
     refused = refusal(run, model, footprint_bytes, label)
     if refused:
         run.log(f"{label}: skipped, {refused}")
@@ -629,7 +621,7 @@ def sweep_point(run: Run, model, where: dict, footprint_bytes: float, predict, m
         point.update(datasheet_predicted_time_s=predicted_s, datasheet_roof_fraction=predicted_s / point["time_s"])
     run.log(f"  measured {format_seconds(point['time_s'])} = {point['roof_fraction']:.2f} of the calibrated roof "
             f"({point['bound']}-bound), {point['tokens_per_s']:,.0f} tokens/s"
-            + ("; HOST-BOUND: the GPU waited for Python's launches" if point.get("host_bound") else ""))
+            + (f"; {HOST_BOUND_NOTE}" if point.get("host_bound") else ""))
     return point
 
 

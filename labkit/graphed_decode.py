@@ -16,7 +16,7 @@ host mirror of the lengths still advances outside the graph (`KVCache.advance`).
 Safety, since a wrong graph would be a silent wrong answer: capture comes after eager warm-up
 steps on a side stream (Triton autotunes there, never during capture); the first replay must
 equal an eager step from the same state; any error or mismatch turns graphs off for the model,
-which then runs eagerly, with the reason in `model.decode_reason`. LABKIT_CUDA_GRAPHS=0 turns
+which then runs eagerly, with the reason in `model.decode_reason` (from `reason`). LABKIT_CUDA_GRAPHS=0 turns
 them off. Not on the CPU (no graphs) nor for the torch ops.
 
 Shapes: tokens [B] int64 (a static copy is replayed); logits [B, V] fp32, cloned per step.
@@ -73,6 +73,13 @@ class GraphedDecode:
         self.graph.replay()
         return self.logits.clone()  # the next replay overwrites the static output
 
+    @property
+    def reason(self) -> str:
+        if self.off:
+            return f"eager decode: CUDA graph off, {self.off}"
+        return "decode step replayed as a CUDA graph" if self.graph is not None else \
+            "decode step as a CUDA graph once captured"
+
     def release(self):
         """Drop the graph and its memory (the model's cache is being replaced or freed)."""
         self.graph = self.tokens = self.logits = self.key = None
@@ -109,11 +116,7 @@ class GraphedDecode:
             self._turn_off(f"the replayed step differs from the eager one by up to {worst:.3g}")
             return
         self.graph = graph
-        self.model.decode_reason = self.model.decode_reason.replace(
-            "decode step as a CUDA graph once captured", "decode step replayed as a CUDA graph")
 
     def _turn_off(self, why: str):
+        self.release()
         self.off = why
-        self.graph = self.tokens = self.logits = None
-        self.model.decode_reason = self.model.decode_reason.replace(
-            "decode step as a CUDA graph once captured", f"eager decode: CUDA graph off, {why}")

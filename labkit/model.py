@@ -401,12 +401,19 @@ class Llama(nn.Module):
         self._init_weights(seed)
         self.cache = self._new_cache(batch, max_tokens, cache_dtype)
         from . import cpu_decode, graphed_decode
-        lean, self.decode_reason = cpu_decode.applies(self)
+        lean, self._numpy_reason = cpu_decode.applies(self)
         self.numpy_decode = cpu_decode.NumpyDecode(self) if lean else None
-        graphs, why = graphed_decode.applies(self)
+        graphs, self._graph_reason = graphed_decode.applies(self)
         self.graphed_decode = graphed_decode.GraphedDecode(self) if graphs else None
-        if not lean:
-            self.decode_reason = f"{self.decode_reason}; {why}"
+
+    @property
+    def decode_reason(self) -> str:
+        """Why a decode step runs as it does: the numpy step's reason, else why not and what the
+        CUDA graph does (captured, waiting for its first step, or off and why)."""
+        if self.numpy_decode is not None:
+            return self._numpy_reason
+        graph = self.graphed_decode.reason if self.graphed_decode is not None else self._graph_reason
+        return f"{self._numpy_reason}; {graph}"
 
     @property
     def decode_kernels(self) -> str:
@@ -450,13 +457,18 @@ class Llama(nn.Module):
                 - (self.cache.nbytes() if self.cache is not None else 0))
         backend.check_fits(need, self.device.type, f"a {cache_dtype} KV cache of {batch} x {max_tokens} "
                            f"tokens for {self.spec.name}")
-        self.cache = None  # free the old buffers before allocating the new ones
-        if self.graphed_decode is not None:
-            self.graphed_decode.release()  # its graph points into the old cache
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.release_cache()  # free the old buffers before allocating the new ones
         self.cache = self._new_cache(batch, max_tokens, cache_dtype)
         return self.cache
+
+    def release_cache(self):
+        """Drop the KV cache, and the CUDA graph that points into it, so that its memory counts
+        as free (`setup_cache` makes a new one)."""
+        self.cache = None
+        if self.graphed_decode is not None:
+            self.graphed_decode.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # -------------------------------------------------------------- shared pieces of a layer
     def _qkv(self, layer, x, rope):

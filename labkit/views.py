@@ -210,11 +210,9 @@ class SliderLab:
             self.records.append(self.measure(**self.values()))
             set_measured(self.figure, explore.measured_series(self.records, self.x_key))
             last = self.records[-1]
-            notes = [explore.above_roof_note(last.get("roof_fraction", 0.0)),
-                     HOST_BOUND_NOTE if last.get("host_bound") else None]
             self.error.status(f"measured {last['time_s'] * 1e3:,.1f} ms on {last.get('device_name', last['device'])}; "
                               f"predicted {last['predicted_time_s'] * 1e3:,.1f} ms"
-                              + "".join(f" — {note}" for note in notes if note))
+                              + "".join(f" — {note}" for note in explore.point_notes(last)))
 
 
 def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
@@ -296,9 +294,6 @@ def add_band(fig, x: list, low: list, high: list, low_name: str, band_name: str,
                     fillcolor="rgba(255,127,14,0.25)", name=band_name, **where)
 
 
-HOST_BOUND_NOTE = "host-bound: the GPU waited for Python to launch its work; this time measures the host, not the GPU"
-
-
 def add_recorded(fig, series: list[dict], row: int | None = None):
     """Markers for `explore.recorded_series`, each labelled with its hardware and date; a
     host-bound point is hollow and says so when hovered."""
@@ -307,7 +302,7 @@ def add_recorded(fig, series: list[dict], row: int | None = None):
         host_bound = s.get("host_bound") or [False] * len(s["x"])
         fig.add_scatter(x=s["x"], y=s["y"], mode="markers+lines", line=dict(dash="dot"),
                         marker=dict(symbol=["diamond-open" if h else "diamond" for h in host_bound], size=9),
-                        hovertext=[HOST_BOUND_NOTE if h else "" for h in host_bound], name=s["label"], **where)
+                        hovertext=[explore.HOST_BOUND_NOTE if h else "" for h in host_bound], name=s["label"], **where)
 
 
 def cost_bars_figure(table: dict, title: str) -> go.Figure:

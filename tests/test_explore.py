@@ -137,3 +137,9 @@ def test_a_run_faster_than_its_roof_gets_a_note_and_one_under_it_none():
     assert explore.above_roof_note(float("nan")) is None
     note = explore.above_roof_note(1.06)
     assert note.startswith("106% of the calibrated roof") and "calibrate --refresh" in note and "--bracket" in note
+
+
+def test_point_notes_gathers_what_a_reader_of_one_point_should_know():
+    assert explore.point_notes({"roof_fraction": 0.8, "host_bound": None}) == [] and explore.point_notes({}) == []
+    both = explore.point_notes({"roof_fraction": 1.2, "host_bound": True})
+    assert both == [explore.above_roof_note(1.2), explore.HOST_BOUND_NOTE]

@@ -108,7 +108,6 @@ def test_capture_then_replay_with_the_model_bookkeeping(monkeypatch):
 def test_a_failed_capture_falls_back_to_the_eager_step_and_says_why(monkeypatch):
     monkeypatch.setattr(graphed_decode, "cuda", FakeCuda(fail_capture=True))
     graphed, eager = two_models()
-    graphed.decode_reason += "; decode step as a CUDA graph once captured"  # as applies() says on CUDA
     graphed.graphed_decode = graphed_decode.GraphedDecode(graphed)
     for i in range(2):
         step = tokens_for(30 + i, 3)

@@ -81,7 +81,7 @@ def test_a_point_above_its_roof_says_why_in_the_status_line():
                            lambda prompt_tokens: {**fake_measure(prompt_tokens), "host_bound": True},
                            {"prompt_tokens": [10, 1000], "predicted_time_s": [8e-3, 0.8]}, "prompt_tokens", "P", "t")
     host.sliders["prompt_tokens"].value = 200
-    assert views.HOST_BOUND_NOTE in host.error.widget.value and "calibrated roof" not in host.error.widget.value
+    assert explore.HOST_BOUND_NOTE in host.error.widget.value and "calibrated roof" not in host.error.widget.value
     plain = make_lab()  # records without roof_fraction, or under the roof: no note
     plain.sliders["prompt_tokens"].value = 200
     assert "calibrated roof" not in plain.error.widget.value

@@ -32,7 +32,7 @@ def test_band_and_recordings_append_after_a_slider_labs_traces():
     assert [t.name for t in lab.figure.data[4:]] == ["linear only", "attention", "recorded: H200, 2026-01-02"]
     views.add_recorded(lab.figure, [{"label": "r", "x": [1, 2], "y": [3, 4], "host_bound": [False, True]}])
     assert list(lab.figure.data[-1].marker.symbol) == ["diamond", "diamond-open"]
-    assert list(lab.figure.data[-1].hovertext) == ["", views.HOST_BOUND_NOTE]
+    assert list(lab.figure.data[-1].hovertext) == ["", explore.HOST_BOUND_NOTE]
 
 
 def test_static_figures_build():
