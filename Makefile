@@ -58,6 +58,9 @@ browser: ## (internal) Install Debian's chromium for the browser tests if missin
 # Loopback only, always with a token (passed in the environment, so it stays out of `ps`).
 # port_retries=0: fail on a busy port rather than serve on another one than the URL printed.
 # --allow-root only where we are root already (containers, the lab's CI machines).
+# root_dir: a notebook path alone would make its folder (notebooks/) the server's root, and the
+# printed /lab/tree/notebooks/... link "Could not find path"; the path is still passed, so that
+# with a DISPLAY the browser opens it. Kernels start in the notebook's folder (notebooks/) either way.
 lab: venv ## Start JupyterLab on 127.0.0.1:PORT (default 8888) with a token, opening notebooks/01_two_phases.ipynb
 	@$(TOKEN_SH); \
 	open=notebooks/01_two_phases.ipynb; \
@@ -66,7 +69,7 @@ lab: venv ## Start JupyterLab on 127.0.0.1:PORT (default 8888) with a token, ope
 	[ -n "$${DISPLAY:-}" ] || flags="$$flags --no-browser"; \
 	[ "$$(id -u)" != 0 ] || flags="$$flags --allow-root"; \
 	echo "JupyterLab: http://127.0.0.1:$(PORT)/lab/tree/$$open?token=$$token"; \
-	JUPYTER_TOKEN="$$token" exec $(VENV)/bin/jupyter lab $$flags $$open
+	JUPYTER_TOKEN="$$token" exec $(VENV)/bin/jupyter lab $$flags --ServerApp.root_dir="$(CURDIR)" $$open
 
 # Plain nbstripout (here and in strip), as the repository's pre-commit check runs it: cell ids become
 # their positions ("0", "1", ...), so stripping and verifying always agree.
