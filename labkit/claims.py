@@ -8,6 +8,7 @@ lesson's sentence becomes false, and `make test` fails.
 from __future__ import annotations
 
 from . import roofline as r
+from . import timing
 from .specs import get_gpu, get_model
 
 
@@ -41,6 +42,7 @@ def lesson_01() -> dict[str, str]:
         "weights_gb": fmt(r.weight_bytes(model) / 1e9, 2),
         "bytes_per_param": fmt(2),
         "flops_per_param": fmt(2),
+        "confirm_tolerance_pct": fmt(100 * timing.CONFIRM_TOLERANCE),
     }
 
 

@@ -10,6 +10,7 @@ import math
 
 from . import roofline as r
 from .specs import HardwareSpec, ModelSpec
+from .units import format_seconds
 
 
 def log_grid(low: float, high: float, points: int = 64) -> list[float]:
@@ -40,6 +41,20 @@ def point_notes(point: dict) -> list[str]:
     notes = [above_roof_note(point.get("roof_fraction", 0.0)),
              HOST_BOUND_NOTE if point.get("host_bound") else None]
     return [note for note in notes if note]
+
+
+def point_summary(point: dict) -> str:
+    """One measured point in a line for a status bar: measured beside predicted, the rate,
+    how close to the roof, how it was timed, and `point_notes`."""
+    rate = f"{point['tokens_per_s']:,.0f} tokens/s" if point.get("tokens_per_s") else None
+    timed = (f"fastest of {point['samples']} calls" if point.get("estimator") == "fastest"
+             else f"median of {point['samples']} samples") if point.get("samples") else None
+    parts = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
+             f"predicted {format_seconds(point['predicted_time_s'])}",
+             f"{point['roof_fraction']:.2f} of the {point['bound']}-bound roof" if "roof_fraction" in point else None,
+             f"on {point.get('device_name', point.get('device', '?'))}",
+             timed, "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None]
+    return "; ".join(p for p in parts if p) + "".join(f" — {note}" for note in point_notes(point))
 
 
 def roofline_curve(hardware: HardwareSpec, dtype: str = "bf16", low: float = 0.1,
@@ -160,18 +175,37 @@ def prefill_cost_table(model: ModelSpec, hardware: HardwareSpec, prompts: list[i
 
 
 def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
-    """From the shortest to the longest measured point: how much x grew, how much the measured
-    time grew, and how much the prediction grew with and without attention (`predicted` from
-    `prefill_split_prediction`, which must contain both x values)."""
-    rows = sorted(records, key=lambda rec: rec[x_key])
-    first, last = rows[0], rows[-1]
+    """From the shortest to the longest trustworthy measured point: how much x grew, how much
+    the measured time grew, and how much the prediction grew with and without attention
+    (`predicted` from `prefill_split_prediction`, which must contain both x values).
+
+    Noisy points are left out (`left_out` counts them): a conclusion drawn from a time that a
+    busy machine inflated would teach the opposite of the lesson. With fewer than two clean
+    points of different x, the ratios are None."""
+    clean = sorted((rec for rec in records if not rec.get("noisy")), key=lambda rec: rec[x_key])
+    result = {"left_out": len(records) - len(clean), "device_name": None, "from": None, "to": None,
+              "x_ratio": None, "measured_ratio": None, "predicted_ratio": None, "linear_only_ratio": None}
+    if len(clean) < 2 or clean[0][x_key] == clean[-1][x_key]:
+        return result
+    first, last = clean[0], clean[-1]
     at = {x: i for i, x in enumerate(predicted[x_key])}
     i, j = at[first[x_key]], at[last[x_key]]
-    return {"from": first[x_key], "to": last[x_key], "x_ratio": last[x_key] / first[x_key],
+    return {**result, "from": first[x_key], "to": last[x_key], "x_ratio": last[x_key] / first[x_key],
             "measured_ratio": last["time_s"] / first["time_s"],
             "predicted_ratio": predicted["predicted_time_s"][j] / predicted["predicted_time_s"][i],
             "linear_only_ratio": predicted["linear_only_s"][j] / predicted["linear_only_s"][i],
             "device_name": last.get("device_name", last.get("device"))}
+
+
+def growth_line(g: dict, x_name: str = "P") -> str:
+    """`growth` as the one sentence a lesson prints; says so when too few points were clean."""
+    noisy = f" ({g['left_out']} noisy point(s) left out)" if g["left_out"] else ""
+    if g["measured_ratio"] is None:
+        return (f"Too few trustworthy points to compare{noisy}: the machine was busy while they were "
+                "measured. Move the slider to re-measure them once it is quieter.")
+    return (f"On {g['device_name']}: {x_name} from {g['from']:,} to {g['to']:,} is {g['x_ratio']:.1f}× the tokens; "
+            f"measured time {g['measured_ratio']:.1f}×; predicted {g['predicted_ratio']:.1f}× with attention, "
+            f"{g['linear_only_ratio']:.1f}× without{noisy}.")
 
 
 def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", include_dry_runs: bool = False,
@@ -258,6 +292,17 @@ def throughput_prediction(model: ModelSpec, hardware: HardwareSpec, batches: lis
     bound = r.decode_compute_bound_batch(model, hardware, context_tokens, dtype, cache_dtype, dtype, counting)
     return {"batch": list(batches), "tokens_per_s": [b / t for b, t in zip(batches, times)],
             "compute_bound_batch": bound}
+
+
+def batches_through_ridge(batches: list[int], compute_bound_batch: float | None, most: int) -> list[int]:
+    """`batches` plus, when the roofline's compute-bound batch is past them but within `most`,
+    that batch (rounded up) and one half as large again: a sweep that reaches the ridge, so its
+    mark sits among measured points instead of past the last one."""
+    extra = []
+    if compute_bound_batch is not None and max(batches) < compute_bound_batch <= most:
+        ridge = math.ceil(compute_bound_batch)
+        extra = [ridge, min(most, math.ceil(1.5 * ridge))]
+    return sorted(set(batches) | set(extra))
 
 
 def throughput_series(records: list[dict]) -> dict:
@@ -413,14 +458,40 @@ def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dic
 
 
 def measured_split(results: list[dict], titles: list[str]) -> dict:
-    """`serving.serve_request` results (one per shape) as the same bar-chart lists."""
+    """`serving.serve_until_stable` results (one per shape) as the same bar-chart lists, plus
+    which shapes were too noisy to trust (their title says so; the chart pales their bars)."""
     first = results[0]
-    return {"titles": list(titles),
+    noisy = [bool(x.get("noisy")) for x in results]
+    return {"titles": [f"{t} (noisy)" if n else t for t, n in zip(titles, noisy)], "names": list(titles),
+            "noisy": noisy,
             "prefill_pct": [100 * x["prefill_share"] for x in results],
             "decode_pct": [100 * x["decode_share"] for x in results],
             "prefill_s": [x["prefill_s"] for x in results], "decode_s": [x["decode_s"] for x in results],
             "shapes": [f"{x['prompt_tokens']:,} / {x['output_tokens']:,}" for x in results],
             "label": f"{first['model']} measured on {first['device_name']} ({first['device']}), batch {first['batch']}"}
+
+
+def split_extremes(split: dict) -> dict:
+    """The shapes that lean furthest towards decode and towards prefill (lowest and highest
+    prefill share), among the shapes not flagged noisy; None where no shape is clean, and the
+    clean shapes' names from most decode-heavy to most prefill-heavy."""
+    rows = [(pct, name) for pct, name, noisy in zip(split["prefill_pct"], split.get("names", split["titles"]),
+                                                      split.get("noisy", [False] * len(split["titles"])))
+            if not noisy]
+    rows.sort()
+    return {"decode_heaviest": rows[0][1] if rows else None, "prefill_heaviest": rows[-1][1] if rows else None,
+            "order": [name for _, name in rows], "left_out": len(split["titles"]) - len(rows)}
+
+
+def split_extremes_line(split: dict) -> str:
+    """`split_extremes` as the sentence a lesson prints."""
+    ends = split_extremes(split)
+    noisy = f" ({ends['left_out']} noisy shape(s) left out)" if ends["left_out"] else ""
+    if len(ends["order"]) < 2:
+        return f"Too few trustworthy shapes to compare{noisy}: run the cell again when the machine is quieter."
+    pct = dict(zip(split.get("names", split["titles"]), split["prefill_pct"]))
+    return (f"Furthest towards decode: {ends['decode_heaviest']} ({pct[ends['decode_heaviest']]:.0f}% prefill). "
+            f"Furthest towards prefill: {ends['prefill_heaviest']} ({pct[ends['prefill_heaviest']]:.0f}% prefill){noisy}.")
 
 
 def lever_rows() -> list[dict]:

@@ -1,5 +1,5 @@
-"""The timing harness: warm up, time several calls, report the median and how noisy it was,
-and put the roofline's bound beside what was achieved.
+"""The timing harness: warm up, time several calls, report a robust estimate and how noisy the
+calls were, and put the roofline's bound beside what was achieved.
 
     timing = time_fn(lambda: model(tokens), "cuda", warmup=2, repeats=5)
     print(format_bound_line(flops, bytes_moved, timing, get_gpu("H100-SXM")))
@@ -10,13 +10,14 @@ without the Python launch overhead between calls; a call under a millisecond is 
 mean of back-to-back calls between one pair, so the host's launch work overlaps the GPU's as it
 does in a real program. On the CPU, PyTorch runs synchronously and `time.perf_counter`
 brackets the call.
+
+On a CPU under load, `timing.time_until_stable` (re-exported here) takes the confirmed fastest
+call instead; `timing` holds the statistics of a list of samples.
 """
 from __future__ import annotations
 
 import math
-import statistics
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -24,78 +25,15 @@ import torch
 from . import roofline
 from .errors import LabError
 from .specs import HardwareSpec
+from .timing import (CONFIRM_TOLERANCE, MIN_SAMPLES, NOISY_SPREAD, Timing,  # noqa: F401 — re-exported
+                     _cpu_call_s, sample_until_stable, time_until_stable)
+from .units import format_rate, format_seconds  # noqa: F401 — re-exported: callers import them from here
 
-# A run whose samples spread by more than a quarter of their median is flagged noisy: another
-# process, frequency scaling or a cold cache moved the result more than a lesson claim can bear.
-NOISY_SPREAD = 0.25
-MIN_SAMPLES = 3  # a budget stops timing early, but never below this many samples
 # On CUDA a call shorter than this is timed as the mean of back-to-back calls between one pair of
 # events (at most MAX_CALLS_PER_SAMPLE): a single short call's events also catch the host's launch
 # work and the synchronisation before it, tens of microseconds that a 30 us kernel does not spend.
 CUDA_MIN_SAMPLE_S = 1e-3
 MAX_CALLS_PER_SAMPLE = 100
-# On CUDA, a run whose host spent at least this fraction of the GPU's time just issuing the work
-# was host-bound: the GPU waited for Python to launch kernels, so its time says how fast the host
-# launches, not how fast the GPU computes or reads (a decode step of many small kernels at batch 1).
-HOST_BOUND_FRACTION = 0.9
-# From this many samples on, `spread` uses the 10th-90th percentile range, which one outlier
-# cannot move; below it those percentiles are mere interpolations of the extremes.
-PERCENTILE_SAMPLES = 10
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call for each timed call; the statistics are computed, never stored."""
-
-    samples_s: tuple[float, ...]
-    calls_per_sample: int = 1  # >1: each sample is the mean of that many back-to-back calls (CUDA)
-    host_s: tuple[float, ...] = ()  # CUDA: per call, the host's time to issue it (launches, Python)
-
-    def __post_init__(self):
-        # NaN passes `<= 0` and inf would make the median and spread meaningless: refuse both.
-        if not self.samples_s or not all(math.isfinite(s) and s > 0 for s in self.samples_s):
-            raise LabError(f"a Timing needs positive, finite samples, got {self.samples_s!r}")
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.samples_s)
-
-    @property
-    def host_bound(self) -> bool | None:
-        """CUDA: did issuing the work take (nearly) as long as the GPU's time for it? None on
-        the CPU, where the host does the work itself."""
-        if not self.host_s:
-            return None
-        return statistics.median(self.host_s) >= HOST_BOUND_FRACTION * self.median_s
-
-    @property
-    def min_s(self) -> float:
-        return min(self.samples_s)
-
-    @property
-    def max_s(self) -> float:
-        return max(self.samples_s)
-
-    @property
-    def spread(self) -> float:
-        """Relative spread: (p90 - p10) / median from PERCENTILE_SAMPLES samples on,
-        else (max - min) / median. 0 for a single sample."""
-        if len(self.samples_s) >= PERCENTILE_SAMPLES:
-            deciles = statistics.quantiles(self.samples_s, n=10, method="inclusive")
-            return (deciles[-1] - deciles[0]) / self.median_s
-        return (self.max_s - self.min_s) / self.median_s
-
-    @property
-    def noisy(self) -> bool:
-        return self.spread > NOISY_SPREAD
-
-    def to_dict(self) -> dict:
-        """JSON-ready summary, units in the keys."""
-        return {"median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
-                "spread": self.spread, "noisy": self.noisy, "samples_s": list(self.samples_s),
-                "calls_per_sample": self.calls_per_sample,
-                "host_median_s": statistics.median(self.host_s) if self.host_s else None,
-                "host_bound": self.host_bound}
 
 
 def time_fn(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5,
@@ -130,12 +68,6 @@ def time_fn(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5,
     return Timing(tuple(samples_s), calls, tuple(host_s))
 
 
-def _cpu_call_s(fn) -> float:
-    start_s = time.perf_counter()
-    fn()
-    return time.perf_counter() - start_s
-
-
 def _cuda_calls_s(fn, calls: int) -> tuple[float, float]:
     """(GPU seconds between one pair of CUDA events around `calls` back-to-back calls, host
     seconds spent issuing them)."""
@@ -151,12 +83,12 @@ def _cuda_calls_s(fn, calls: int) -> tuple[float, float]:
 
 
 def _seconds(timing: Timing | float) -> float:
-    """A Timing's median, or a plain number of seconds."""
-    return timing.median_s if isinstance(timing, Timing) else float(timing)
+    """A Timing's estimate, or a plain number of seconds."""
+    return timing.estimate_s if isinstance(timing, Timing) else float(timing)
 
 
 def achieved(flops: float, bytes_moved: float, timing: Timing | float) -> dict:
-    """Rates reached at the median time: FLOPs and bytes moved per second."""
+    """Rates reached at the measured time (a Timing's estimate): FLOPs and bytes moved per second."""
     time_s = _seconds(timing)
     return {"time_s": time_s, "achieved_flops_per_s": flops / time_s,
             "achieved_bytes_per_s": bytes_moved / time_s}
@@ -187,28 +119,6 @@ def format_bound_line(flops: float, bytes_moved: float, timing: Timing | float, 
             f"measured {format_seconds(_seconds(timing))} = {fraction:.2f} of roof")
     if isinstance(timing, Timing) and timing.noisy:
         line += f" (noisy: spread {timing.spread:.0%} over {len(timing.samples_s)} samples)"
+    elif isinstance(timing, Timing) and timing.estimator == "fastest":
+        line += f" (fastest of {len(timing.samples_s)} calls, spread {timing.spread:.0%})"
     return line
-
-
-def format_seconds(seconds: float) -> str:
-    """Seconds for display: "1.23 s", "12.1 ms", "45.0 µs"."""
-    if abs(seconds) >= 100:
-        return f"{seconds:,.0f} s"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(seconds) >= scale:
-            return f"{_three_digits(seconds / scale)} {unit}"
-    return f"{_three_digits(seconds / 1e-9)} ns"
-
-
-def format_rate(value: float, unit: str) -> str:
-    """A rate with an SI prefix: format_rate(3.35e12, "B/s") == "3.35 TB/s"."""
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{_three_digits(value / scale)} {prefix}{unit}"
-    return f"{_three_digits(value)} {unit}"
-
-
-def _three_digits(value: float) -> str:
-    """Three significant digits, trailing zeros kept: 13.0, 9.40, 121."""
-    decimals = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
-    return f"{value:.{decimals}f}"

@@ -109,7 +109,7 @@ QUESTIONS: dict[str, Question] = {
                          f"{_prefill_s(LONG) / _prefill_s(SHORT):.1f}"),
         0.08, "the prompt is sixteen times longer, but the attention term grows with its square"),
     "score_matrix_gb": Question(
-        "the bytes of one head's score matrix at 120,000 tokens in bf16, in GB", "GB",
+        "the bytes of one head's score matrix at 120,000 tokens in bf16", "GB",
         lambda: r.score_matrix_bytes(SCORES_TOKENS) / 1e9,
         _explain(lambda: f"{SCORES_TOKENS:,}² scores × 2 bytes = {r.score_matrix_bytes(SCORES_TOKENS) / 1e9:.1f} GB"),
         0.05, "the matrix is P × P scores, each two bytes in bf16; 1 GB = 1e9 bytes"),
@@ -121,7 +121,7 @@ QUESTIONS: dict[str, Question] = {
                          f"as a kernel does: less)"),
         0.15, "at 50,000 tokens the attention term is larger than the linear one; divide by 40% of the peak"),
     "kv_kib_per_token": Question(
-        "the KV-cache bytes one token adds for Llama 3.1 8B in bf16, in KiB", "KiB", _kv_kib,
+        "the KV-cache bytes one token adds for Llama 3.1 8B in bf16", "KiB", _kv_kib,
         _explain(lambda: f"2 (K and V) × {_setting()[0].n_layers} layers × {_setting()[0].n_kv_heads} kv heads × "
                          f"{_setting()[0].head_dim} × 2 bytes = {r.kv_bytes_per_token(_setting()[0]):,} B = {_kv_kib():.0f} KiB"),
         0.02, "K and V, for every layer and every key/value head (not every query head); 1 KiB = 1,024 bytes"),
@@ -138,7 +138,7 @@ QUESTIONS: dict[str, Question] = {
                          f"{r.decode_compute_bound_batch(_setting()[0], _setting()[1], weight_dtype='fp8'):,.0f}"),
         0.10, "with one byte per weight, each sequence in the batch adds two FLOPs per byte read"),
     "logits_gib": Question(
-        "the logits tensor (fp32) if an 8,192-token prefill scored every position, in GiB", "GiB",
+        "the logits tensor (fp32) if an 8,192-token prefill scored every position", "GiB",
         lambda: r.logits_bytes(_setting()[0], LOGITS_PROMPT) / 2**30,
         _explain(lambda: f"{LOGITS_PROMPT:,} positions × {_setting()[0].vocab_size:,} scores × 4 bytes = "
                          f"{r.logits_bytes(_setting()[0], LOGITS_PROMPT) / 2**30:.1f} GiB"),

@@ -209,10 +209,7 @@ class SliderLab:
         with self.error.guard():
             self.records.append(self.measure(**self.values()))
             set_measured(self.figure, explore.measured_series(self.records, self.x_key))
-            last = self.records[-1]
-            self.error.status(f"measured {last['time_s'] * 1e3:,.1f} ms on {last.get('device_name', last['device'])}; "
-                              f"predicted {last['predicted_time_s'] * 1e3:,.1f} ms"
-                              + "".join(f" — {note}" for note in explore.point_notes(last)))
+            self.error.status(explore.point_summary(self.records[-1]))
 
 
 def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
@@ -273,7 +270,7 @@ class ToggleView:
 
     def __init__(self, description: str, options: dict, figure, redraw):
         self.toggle = widgets.ToggleButtons(options=list(options.items()), description=description,
-                                            style={"description_width": "initial"})
+                                            style={"description_width": "initial", "button_width": "auto"})
         self.figure, self.redraw, self.error = figure, redraw, ErrorLine()
         self.toggle.observe(self.on_change, names="value")
         self.widget = widgets.VBox([self.toggle, figure.widget, self.error.widget])
@@ -396,9 +393,10 @@ def decode_readout_figure(bands: list[dict]) -> LiveFigure:
                                    subplot_titles=["step time (ms)", "tokens/s", "the cache's share of one step's read"]))
     for col in (1, 2):
         fig.add_bar(x=["measured", "predicted"], y=[0, 0], marker=dict(color=[MEASURED["color"], PREDICTED["color"]]),
-                    texttemplate="%{y:,.3~g}", textposition="outside", showlegend=False, row=1, col=col)
+                    texttemplate="%{y:,.3~r}", textposition="outside", showlegend=False, row=1, col=col)
+    # The label sits inside a long bar and beside a short one, so it never runs past the axis's end.
     fig.add_bar(x=[0], y=[""], orientation="h", marker=dict(color="#333"), width=0.3, text=[""],
-                textposition="outside", showlegend=False, row=1, col=3)
+                textposition="outside", insidetextanchor="end", cliponaxis=False, showlegend=False, row=1, col=3)
     _shade_regimes(fig, bands, row=1, col=3)
     fig.update_xaxes(range=[0, 1], tickformat=".0%", row=1, col=3)
     fig.update_layout(height=340, margin=dict(t=80))
@@ -414,6 +412,7 @@ def set_decode_readout(fig: LiveFigure, readout: dict):
         fig.data[2].x = [readout["cache_share"]]
         fig.data[2].text = [f"{readout['cache_share']:.0%} ({readout['cache_bytes'] / gb:.3g} of "
                             f"{(readout['weights_bytes'] + readout['cache_bytes']) / gb:.3g} GB): {readout['regime']}"]
+        fig.data[2].textposition = "inside" if readout["cache_share"] >= 0.5 else "outside"
         fig.layout.title = readout["label"]
 
 
@@ -440,13 +439,13 @@ class MeasureLab:
         with self.error.guard():
             self.records.append(self.measure(**self.values()))
             self.draw(self.figure, self.records[-1])
-            self.error.status(f"measured on {self.records[-1].get('device_name', self.records[-1]['device'])}")
+            self.error.status(explore.point_summary(self.records[-1]))
 
 
 def toggle(name: str, options: list, value=None) -> widgets.ToggleButtons:
     """Toggle buttons (a choice fires once per click)."""
     return widgets.ToggleButtons(options=options, value=value or options[0], description=name,
-                                 style={"description_width": "initial", "button_width": "60px"})
+                                 style={"description_width": "initial", "button_width": "auto"})
 
 
 def draw_decode(fig: LiveFigure, record: dict):
@@ -471,16 +470,21 @@ def cache_share_figure(curves: list[dict], bands: list[dict], marks: list[dict],
 
 
 def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
-    """`explore.throughput_prediction` (line, compute-bound batch marked) and
-    `explore.throughput_series` (measured points) against batch."""
+    """`explore.throughput_prediction` (line) and `explore.throughput_series` (measured points)
+    against batch; the compute-bound batch is marked where it lies among the measured batches,
+    and named in the title where it does not."""
     fig = go.Figure()
     fig.add_scatter(x=predicted["batch"], y=predicted["tokens_per_s"], mode="lines", line=PREDICTED,
                     name="predicted (calibrated roofline)")
     fig.add_scatter(x=measured["batch"], y=measured["tokens_per_s"], mode="markers+lines", marker=dict(size=10, **MEASURED),
                     line=MEASURED, name=f"measured on {measured['device_name']}")
-    if predicted["compute_bound_batch"] is not None:
-        fig.add_vline(x=predicted["compute_bound_batch"], line=dict(dash="dot", color="#555"),
-                      annotation_text=f"compute-bound from B ≈ {predicted['compute_bound_batch']:,.0f}")
+    ridge = predicted["compute_bound_batch"]
+    if ridge is not None and ridge <= max(measured["batch"], default=0):
+        fig.add_vline(x=ridge, line=dict(dash="dot", color="#555"),
+                      annotation_text=f"compute-bound from B ≈ {ridge:,.0f}")
+    elif measured["batch"]:  # a mark past the last measured point would only stretch the chart
+        title += (" — at this context no batch reaches the ridge" if ridge is None
+                  else f" — compute-bound from B ≈ {ridge:,.0f}, past the batches measured")
     fig.update_xaxes(title="batch B")
     fig.update_yaxes(title="tokens/s (B ÷ step time)", rangemode="tozero")
     fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))
@@ -489,7 +493,8 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
 
 def progress(total: int, description: str = "measuring"):
     """An IntProgress bar and a `progress(done, total)` callback that moves it (for sweeps)."""
-    bar = widgets.IntProgress(value=0, min=0, max=total, description=description)
+    bar = widgets.IntProgress(value=0, min=0, max=total, description=description,
+                              style={"description_width": "initial"})
 
     def advance(done, _total):
         bar.value = done
@@ -669,12 +674,14 @@ class ChunkLab:
 
 
 # ---- lesson 07: where a request's time goes
+SPLIT_COLOURS = {"prefill_pct": "#ff7f0e", "decode_pct": PREDICTED["color"]}
+
 def split_figure(split: dict, title: str) -> LiveFigure:
     """Prefill and decode shares (%) per workload, stacked horizontal bars (`explore.predicted_split`
     or `explore.measured_split`)."""
     fig = LiveFigure()
-    fig.add_bar(y=[], x=[], orientation="h", name="prefill", marker=dict(color="#ff7f0e"))
-    fig.add_bar(y=[], x=[], orientation="h", name="decode", marker=PREDICTED)
+    fig.add_bar(y=[], x=[], orientation="h", name="prefill", marker=dict(color=SPLIT_COLOURS["prefill_pct"]))
+    fig.add_bar(y=[], x=[], orientation="h", name="decode", marker=dict(color=SPLIT_COLOURS["decode_pct"]))
     fig.update_xaxes(title="share of the request's time (%)", range=[0, 100])
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title, height=380, barmode="stack", legend=dict(orientation="h", y=-0.2),
@@ -684,10 +691,13 @@ def split_figure(split: dict, title: str) -> LiveFigure:
 
 
 def set_split(fig: LiveFigure, split: dict):
+    """Put a split into a `split_figure`; a shape flagged noisy gets pale bars."""
+    noisy = split.get("noisy", [False] * len(split["titles"]))
     with fig.batch_update():
-        for trace, key in zip(fig.data, ("prefill_pct", "decode_pct")):
+        for trace, key, pale in zip(fig.data, ("prefill_pct", "decode_pct"), ("#ffd8b1", "#c6dbef")):
             trace.y, trace.x = split["titles"], split[key]
             trace.text = [f"{v:.0f}%" for v in split[key]]
+            trace.marker.color = [pale if flag else SPLIT_COLOURS[key] for flag in noisy]
         fig.layout.title.text = split["label"]
 
 

@@ -1,0 +1,158 @@
+"""What a list of timed calls says: a robust estimate, its spread, and whether to trust it.
+
+Pure Python (no torch), so the lessons' prose can quote its thresholds through `claims`.
+
+On a CPU the same cores also run the learner's browser, JupyterLab's server and whatever else
+is open, and any of them can stall one of the two threads a product is split over. Such noise
+only ever adds time, so a CPU measurement (`time_until_stable`) takes the fastest call as its
+estimate, as `timeit` does, and keeps sampling until a second call has come within
+CONFIRM_TOLERANCE of it: a fastest call seen twice is the machine's speed, not luck in one
+sample. A measurement whose budget ran out before that is flagged noisy. On CUDA the events
+time the GPU's own work, which other processes barely touch, and the median is the estimate.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import LabError
+
+# A run whose samples spread by more than a quarter of their median is flagged noisy: another
+# process, frequency scaling or a cold cache moved the result more than a lesson claim can bear.
+NOISY_SPREAD = 0.25
+MIN_SAMPLES = 3  # a budget stops timing early, but never below this many samples
+# On CUDA, a run whose host spent at least this fraction of the GPU's time just issuing the work
+# was host-bound: the GPU waited for Python to launch kernels, so its time says how fast the host
+# launches, not how fast the GPU computes or reads (a decode step of many small kernels at batch 1).
+HOST_BOUND_FRACTION = 0.9
+# From this many samples on, `spread` uses the 10th-90th percentile range, which one outlier
+# cannot move; below it those percentiles are mere interpolations of the extremes.
+PERCENTILE_SAMPLES = 10
+# "fastest" estimate (CPU): the fastest call counts once another call came within this fraction of it.
+CONFIRM_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call for each timed call; the statistics are computed, never stored."""
+
+    samples_s: tuple[float, ...]
+    calls_per_sample: int = 1  # >1: each sample is the mean of that many back-to-back calls (CUDA)
+    host_s: tuple[float, ...] = ()  # CUDA: per call, the host's time to issue it (launches, Python)
+    # "median" (CUDA events, which other processes cannot slow) or "fastest" (a shared CPU: the
+    # fastest call, once confirmed by a second one within CONFIRM_TOLERANCE).
+    estimator: str = "median"
+
+    def __post_init__(self):
+        # NaN passes `<= 0` and inf would make the median and spread meaningless: refuse both.
+        if not self.samples_s or not all(math.isfinite(s) and s > 0 for s in self.samples_s):
+            raise LabError(f"a Timing needs positive, finite samples, got {self.samples_s!r}")
+        if self.estimator not in ("median", "fastest"):
+            raise LabError(f"estimator must be 'median' or 'fastest', got {self.estimator!r}")
+
+    @property
+    def estimate_s(self) -> float:
+        """The time a measurement reports: the median, or the fastest call (see `estimator`)."""
+        return self.min_s if self.estimator == "fastest" else self.median_s
+
+    @property
+    def confirmed(self) -> bool:
+        """Did a second call come within CONFIRM_TOLERANCE of the fastest one?"""
+        fastest = sorted(self.samples_s)[:2]
+        return len(fastest) == 2 and fastest[1] <= (1 + CONFIRM_TOLERANCE) * fastest[0]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples_s)
+
+    @property
+    def host_bound(self) -> bool | None:
+        """CUDA: did issuing the work take (nearly) as long as the GPU's time for it? None on
+        the CPU, where the host does the work itself."""
+        if not self.host_s:
+            return None
+        return statistics.median(self.host_s) >= HOST_BOUND_FRACTION * self.median_s
+
+    @property
+    def min_s(self) -> float:
+        return min(self.samples_s)
+
+    @property
+    def max_s(self) -> float:
+        return max(self.samples_s)
+
+    @property
+    def spread(self) -> float:
+        """Relative spread: (p90 - p10) / median from PERCENTILE_SAMPLES samples on,
+        else (max - min) / median. 0 for a single sample."""
+        if len(self.samples_s) >= PERCENTILE_SAMPLES:
+            deciles = statistics.quantiles(self.samples_s, n=10, method="inclusive")
+            return (deciles[-1] - deciles[0]) / self.median_s
+        return (self.max_s - self.min_s) / self.median_s
+
+    @property
+    def noisy(self) -> bool:
+        """Too noisy to build a conclusion on: a median whose samples spread by more than
+        NOISY_SPREAD, or a fastest call that no second call confirmed."""
+        if self.estimator == "fastest":
+            return not self.confirmed
+        return self.spread > NOISY_SPREAD
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary, units in the keys."""
+        return {"estimate_s": self.estimate_s, "estimator": self.estimator,
+                "median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
+                "spread": self.spread, "noisy": self.noisy, "samples_s": list(self.samples_s),
+                "calls_per_sample": self.calls_per_sample,
+                "host_median_s": statistics.median(self.host_s) if self.host_s else None,
+                "host_bound": self.host_bound}
+
+
+def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: float,
+                      min_samples: int = 3, max_samples: int = 50) -> Timing:
+    """CPU timing that survives a busy machine: `sample_until_stable` of one call's seconds."""
+    return sample_until_stable(lambda: {"call": _cpu_call_s(fn)}, budget_s, max_budget_s,
+                               min_samples, max_samples)["call"]
+
+
+def sample_until_stable(sample: Callable[[], dict[str, float]], budget_s: float, max_budget_s: float,
+                        min_samples: int = 3, max_samples: int = 50) -> dict[str, Timing]:
+    """Repeat `sample()` (seconds by name, e.g. {"prefill": …, "decode": …} from one served
+    request) on a busy CPU. One untimed warm-up call (first-touch page faults, a cold cache, a
+    thread pool waking up), then calls until
+      * the fastest of every name is confirmed (`Timing.confirmed`),
+      * at least `min_samples` are in (2 for a call longer than a third of `budget_s`, so a
+        long point stays near its budget), and
+      * a quarter of `budget_s` is spent or `max_samples` are in (short calls are cheap: a
+        3 ms step gets dozens of tries at a quiet moment).
+    An unconfirmed run goes on until one more call would pass `max_budget_s`, and is then
+    flagged noisy. Returns a Timing with the "fastest" estimator per name."""
+    if not 0 < budget_s <= max_budget_s or min_samples < 2 or max_samples < min_samples:
+        raise LabError(f"need 0 < budget_s <= max_budget_s and 2 <= min_samples <= max_samples, got "
+                       f"{budget_s}, {max_budget_s}, {min_samples}, {max_samples}")
+    start_s = time.perf_counter()
+    sample()  # the warm-up: untimed
+    samples: dict[str, list[float]] = {}
+    for count in range(1, max_samples + 1):
+        call_s = time.perf_counter()
+        for name, seconds in sample().items():
+            samples.setdefault(name, []).append(seconds)
+        call_s = time.perf_counter() - call_s
+        timings = {name: Timing(tuple(values), estimator="fastest") for name, values in samples.items()}
+        spent_s = time.perf_counter() - start_s
+        if count < (2 if call_s > budget_s / 3 else min_samples):
+            continue
+        if all(t.confirmed for t in timings.values()) and spent_s >= budget_s / 4:
+            break
+        if spent_s + call_s > max_budget_s:
+            break  # one more call would overrun the hard limit: confirmed or not, this is the result
+    return timings
+
+
+def _cpu_call_s(fn) -> float:
+    start_s = time.perf_counter()
+    fn()
+    return time.perf_counter() - start_s

@@ -1,0 +1,29 @@
+"""Numbers for people: seconds and rates with SI prefixes and three significant digits.
+
+Pure (no torch, no numpy), so charts, status lines, the CLI and the GPU check format alike.
+"""
+from __future__ import annotations
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds for display: "1.23 s", "12.1 ms", "45.0 µs"."""
+    if abs(seconds) >= 100:
+        return f"{seconds:,.0f} s"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= scale:
+            return f"{_three_digits(seconds / scale)} {unit}"
+    return f"{_three_digits(seconds / 1e-9)} ns"
+
+
+def format_rate(value: float, unit: str) -> str:
+    """A rate with an SI prefix: format_rate(3.35e12, "B/s") == "3.35 TB/s"."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{_three_digits(value / scale)} {prefix}{unit}"
+    return f"{_three_digits(value)} {unit}"
+
+
+def _three_digits(value: float) -> str:
+    """Three significant digits, trailing zeros kept: 13.0, 9.40, 121."""
+    decimals = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    return f"{value:.{decimals}f}"

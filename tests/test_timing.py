@@ -1,0 +1,142 @@
+"""The CPU timing that survives a busy machine (`labkit.timing`), and the conclusions the
+lessons draw from its points (noisy ones left out)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from labkit import explore, timing
+from labkit.errors import LabError
+from labkit.timing import Timing
+
+
+class Scripted:
+    """A callable whose calls 'take' the scripted seconds in turn (the warm-up is call 0); the
+    clock is patched so no test sleeps."""
+
+    def __init__(self, monkeypatch, seconds):
+        self.seconds, self.calls, self.now = list(seconds), 0, 0.0
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: self.now)
+
+    def __call__(self):
+        self.now += self.seconds[min(self.calls, len(self.seconds) - 1)]
+        self.calls += 1
+
+
+def test_the_fastest_call_is_the_estimate_once_a_second_call_confirms_it():
+    t = Timing((0.30, 0.10, 0.105, 0.5), estimator="fastest")
+    assert t.estimate_s == 0.10 and t.confirmed and not t.noisy
+    assert t.median_s == pytest.approx(0.2025)  # kept, but not what the point reports
+
+
+def test_a_fastest_call_no_other_came_near_is_noisy():
+    t = Timing((0.10, 0.13, 0.5), estimator="fastest")
+    assert not t.confirmed and t.noisy
+    assert Timing((0.10,), estimator="fastest").noisy  # one call confirms nothing
+
+
+def test_the_median_estimator_is_unchanged():
+    t = Timing((1.0, 3.0, 2.0))
+    assert t.estimate_s == 2.0 and t.noisy == (t.spread > timing.NOISY_SPREAD)
+    with pytest.raises(LabError):
+        Timing((1.0,), estimator="mean")
+
+
+def test_the_warm_up_is_not_a_sample_and_a_quiet_run_stops_once_confirmed(monkeypatch):
+    # The warm-up is slow (cold caches), then two calls agree: stop at min_samples.
+    fn = Scripted(monkeypatch, [1.0, 0.05, 0.30, 0.051])
+    t = timing.time_until_stable(fn, budget_s=0.2, max_budget_s=2.0)
+    assert t.samples_s == pytest.approx((0.05, 0.30, 0.051))  # the warm-up's 1.0 is not among them
+    assert t.estimate_s == pytest.approx(0.05) and not t.noisy
+
+
+def test_short_calls_keep_sampling_for_a_quarter_of_the_budget(monkeypatch):
+    fn = Scripted(monkeypatch, [0.01] * 200)
+    t = timing.time_until_stable(fn, budget_s=0.4, max_budget_s=1.0)
+    assert len(t.samples_s) >= 9 and sum(t.samples_s) + 0.01 >= 0.1
+
+
+def test_a_busy_machine_is_sampled_up_to_the_hard_limit_then_flagged(monkeypatch):
+    # Every call slower than the last: the fastest is never confirmed.
+    fn = Scripted(monkeypatch, [0.1] + [0.1 * 1.5 ** i for i in range(40)])
+    t = timing.time_until_stable(fn, budget_s=0.5, max_budget_s=3.0)
+    assert t.noisy and len(t.samples_s) == 7
+    assert fn.now - t.samples_s[-1] + t.samples_s[-2] <= 3.0  # the last call was expected to fit
+    assert fn.now + t.samples_s[-1] > 3.0  # and one more would not
+
+
+def test_long_calls_need_only_two_samples(monkeypatch):
+    fn = Scripted(monkeypatch, [1.0, 1.0, 1.02])
+    t = timing.time_until_stable(fn, budget_s=2.0, max_budget_s=5.0)
+    assert len(t.samples_s) == 2 and not t.noisy
+
+
+def test_sample_until_stable_waits_for_every_name(monkeypatch):
+    clock = itertools.count()
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock) * 0.001)
+    decode = iter([9.0, 1.0, 2.0, 3.0, 1.05, 7.0, 7.0])
+    ts = timing.sample_until_stable(lambda: {"prefill": 0.5, "decode": next(decode)}, 0.001, 10.0)
+    assert ts["prefill"].confirmed and ts["decode"].confirmed
+    assert ts["decode"].samples_s == pytest.approx((1.0, 2.0, 3.0, 1.05))  # the warm-up's 9.0 is not a sample
+
+
+@pytest.mark.parametrize("args", [(0, 1), (2, 1), (1, 2, 1), (1, 2, 3, 2)])
+def test_sample_until_stable_refuses_nonsense_budgets(args):
+    with pytest.raises(LabError):
+        timing.time_until_stable(lambda: None, *args)
+
+
+# ------------------------------------------------------------------ conclusions drawn from points
+PREDICTED = {"prompt_tokens": [512, 2304, 4096], "predicted_time_s": [1.0, 6.0, 15.0],
+             "linear_only_s": [1.0, 4.5, 8.0]}
+
+
+def _rec(p, t, noisy=False):
+    return {"prompt_tokens": p, "time_s": t, "noisy": noisy, "device": "cpu", "device_name": "a CPU"}
+
+
+def test_growth_leaves_noisy_points_out():
+    records = [_rec(512, 5.0, noisy=True), _rec(2304, 6.0), _rec(4096, 15.0)]
+    g = explore.growth(records, "prompt_tokens", PREDICTED)
+    assert (g["from"], g["to"], g["measured_ratio"], g["left_out"]) == (2304, 4096, 2.5, 1)
+    assert "1 noisy point(s) left out" in explore.growth_line(g)
+
+
+def test_growth_with_too_few_clean_points_concludes_nothing():
+    g = explore.growth([_rec(512, 1.0), _rec(4096, 9.0, noisy=True)], "prompt_tokens", PREDICTED)
+    assert g["measured_ratio"] is None
+    assert explore.growth_line(g).startswith("Too few trustworthy points")
+
+
+def test_growth_line_states_the_ratios():
+    g = explore.growth([_rec(512, 1.0), _rec(4096, 15.1)], "prompt_tokens", PREDICTED)
+    assert explore.growth_line(g) == ("On a CPU: P from 512 to 4,096 is 8.0× the tokens; measured time 15.1×; "
+                                      "predicted 15.0× with attention, 8.0× without.")
+
+
+def test_split_extremes_skip_noisy_shapes():
+    split = {"titles": ["Chat", "RAG (noisy)", "Classification"], "names": ["Chat", "RAG", "Classification"],
+             "noisy": [False, True, False], "prefill_pct": [20.0, 99.0, 80.0]}
+    ends = explore.split_extremes(split)
+    assert (ends["decode_heaviest"], ends["prefill_heaviest"], ends["left_out"]) == ("Chat", "Classification", 1)
+    assert explore.split_extremes_line(split) == ("Furthest towards decode: Chat (20% prefill). Furthest towards "
+                                                  "prefill: Classification (80% prefill) (1 noisy shape(s) left out).")
+
+
+def test_batches_through_ridge_measure_the_mark_or_leave_it_alone():
+    assert explore.batches_through_ridge([1, 16, 64], 125.2, 256) == [1, 16, 64, 126, 189]
+    assert explore.batches_through_ridge([1, 16, 64], 40.0, 256) == [1, 16, 64]  # already inside
+    assert explore.batches_through_ridge([1, 16, 64], 300.0, 256) == [1, 16, 64]  # too far: not drawn
+    assert explore.batches_through_ridge([1, 16, 64], None, 256) == [1, 16, 64]
+    assert explore.batches_through_ridge([1, 16, 64], 200.0, 256) == [1, 16, 64, 200, 256]
+
+
+def test_point_summary_gives_numbers_and_how_they_were_timed():
+    point = {"time_s": 0.0094, "predicted_time_s": 0.004, "tokens_per_s": 1812.4, "roof_fraction": 0.38,
+             "bound": "memory", "device_name": "a CPU", "samples": 12, "estimator": "fastest", "noisy": False}
+    line = explore.point_summary(point)
+    assert line == ("measured 9.40 ms (1,812 tokens/s); predicted 4.00 ms; 0.38 of the memory-bound roof; "
+                    "on a CPU; fastest of 12 calls")
+    assert "e+" not in line
+    assert "noisy" in explore.point_summary({**point, "noisy": True})
