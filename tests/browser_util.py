@@ -69,7 +69,7 @@ class Server:
     """A server process in its own process group, logging to `log`; `stop` ends the group."""
 
     def __init__(self, argv: list[str], env: dict, log: Path, base_url: str, token: str):
-        self.base_url, self.token, self.log = base_url, token, log
+        self.base_url, self.token, self.log, self.env = base_url, token, log, env
         self._log_file = open(log, "w")
         self.process = subprocess.Popen(_dying_with_us(argv), env=env, cwd=ROOT, stdout=self._log_file,
                                         stderr=subprocess.STDOUT, start_new_session=True)

@@ -13,6 +13,9 @@ each notebook lands in build/screenshots/<notebook>.png.
 """
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import threading
 import time
 import warnings
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_util import (ROOT, SCREENSHOTS, full_screenshot, launch_chromium, move_slider, page_errors,
+from browser_util import (ROOT, SCREENSHOTS, VENV_BIN, full_screenshot, launch_chromium, move_slider, page_errors,
                           start_jupyter_lab, sync_playwright, wait_for_widgets)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -33,6 +36,7 @@ class Lab:
 
     def __init__(self, server, context):
         self.server, self.context, self.page, self.trusted = server, context, None, False
+        self.console: list[tuple[str, str]] = []  # (type, text) of every console message and page error
 
     def fresh_page(self):
         """The shared page with JupyterLab booted and nothing open; a new one after a failure."""
@@ -41,6 +45,8 @@ class Lab:
         if self.page is not None and not self.page.is_closed():
             self.page.close()
         self.page = self.context.new_page()
+        self.page.on("console", lambda msg: self.console.append((msg.type, msg.text)))
+        self.page.on("pageerror", lambda err: self.console.append(("pageerror", str(err))))
         self.page.goto(self.server.url("/lab?reset"))  # ?reset: an empty workspace
         self.page.wait_for_function(APP_READY_JS, timeout=120_000, polling=100)
         # Opened before the layout is restored (and ?reset has cleared it), a notebook is closed again.
@@ -154,6 +160,100 @@ def shut_down_kernels(server) -> threading.Thread:
     return thread
 
 
+# ------------------------------------------------------------------ what a learner would notice
+# Everything the notebook's code cells printed (stream outputs), read from the cell models.
+PRINTED_JS = """() => {
+  const w = window.jupyterapp.shell.currentWidget, out = [];
+  w.content.widgets.forEach(cell => {
+    if (cell.model.type !== 'code') return;
+    for (const o of cell.model.outputs.toJSON()) {
+      if (o.output_type === 'stream') out.push(Array.isArray(o.text) ? o.text.join('') : o.text);
+    }
+  });
+  return out.join('');
+}"""
+
+# Text a learner cannot read whole: a widget label, button or readout narrower than its text
+# (ipywidgets cuts it with an ellipsis), and chart text that runs past its chart or, for bar and
+# point labels, past the plot area that clips them; and rates printed with an exponent (1.8e+3).
+CLIPPED_JS = r"""() => {
+  const out = [], seen = el => el.getClientRects().length > 0;
+  for (const el of document.querySelectorAll(
+      '.widget-label, .widget-toggle-button, .jupyter-button, .widget-readout, .widget-dropdown select')) {
+    if (seen(el) && el.scrollWidth > el.clientWidth + 1) out.push(`widget text cut: "${el.textContent.trim()}"`);
+  }
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const full = gd._fullLayout, box = gd.getBoundingClientRect();
+    if (!full || !seen(gd)) continue;
+    const outside = (r, x0, x1, y0, y1) => r.width > 0 && (r.left < x0 - 1 || r.right > x1 + 1 || r.top < y0 - 1 || r.bottom > y1 + 1);
+    for (const t of gd.querySelectorAll('text')) {
+      const text = t.textContent.trim();
+      if (!text) continue;
+      if (/\de\+\d/.test(text)) out.push(`exponent in chart text: "${text}"`);
+      if (outside(t.getBoundingClientRect(), box.left, box.right, box.top, box.bottom)) out.push(`chart text past its chart: "${text}"`);
+    }
+    for (const p of Object.values(full._plots || {})) {
+      if (!p.plot || !p.xaxis || !p.yaxis) continue;
+      const x0 = box.left + p.xaxis._offset, y0 = box.top + p.yaxis._offset;
+      for (const t of p.plot.node().querySelectorAll('text.bartext, .textpoint text')) {
+        const clip = t.closest('[clip-path]');  // a trace drawn with cliponaxis: false is not clipped
+        if (clip && outside(t.getBoundingClientRect(), x0, x0 + p.xaxis._length, y0, y0 + p.yaxis._length))
+          out.push(`chart label cut at its axes: "${t.textContent.trim()}"`);
+      }
+    }
+  }
+  return [...new Set(out)];
+}"""
+
+
+def console_failures(messages: list[tuple[str, str]]) -> list[str]:
+    """Console errors, uncaught page errors, and JupyterLab's warnings that a front-end module is
+    not the version an extension asks for."""
+    return [f"{kind}: {text[:300]}" for kind, text in messages
+            if kind in ("error", "pageerror") or re.search(r"does not satisfy|version.*required|required.*version", text)]
+
+
+GROWTH = re.compile(r"P from ([\d,]+) to ([\d,]+) is ([\d.]+)× the tokens; measured time ([\d.]+)×")
+EXTREMES = re.compile(r"Furthest towards decode: (.+?) \(\d+% prefill\)\. Furthest towards prefill: (.+?) \(")
+SHAPE_ROW = re.compile(r"^ *(.+?): prefill +([\d,]+) ms, decode +([\d,]+) ms", re.M)
+PREFILL_HEAVY_SHAPES = {"Classification / extraction", "Inline code completion", "Long-document summarisation"}
+
+
+def conclusions(notebook: Path, printed: str) -> dict:
+    """The measured conclusion a lesson printed, parsed: lesson 02's growth from the shortest to
+    the longest prompt, lesson 07's prefill share per shape and its two extremes."""
+    if notebook.stem.startswith("02_") and (m := GROWTH.search(printed)):
+        return {"from": m[1], "to": m[2], "tokens_ratio": float(m[3]), "measured_ratio": float(m[4])}
+    if notebook.stem.startswith("07_"):
+        shares = {name: int(p.replace(",", "")) / (int(p.replace(",", "")) + int(d.replace(",", "")))
+                  for name, p, d in SHAPE_ROW.findall(printed)}
+        m = EXTREMES.search(printed)
+        return {"shares": shares, "extremes": (m[1], m[2]) if m else None}
+    return {}
+
+
+def contradictions(notebook: Path, printed: str) -> list[str]:
+    """Where a lesson's printed, measured conclusion says the opposite of its text."""
+    found = conclusions(notebook, printed)
+    if notebook.stem.startswith("02_"):
+        if not found:
+            return [f"no growth conclusion printed: {printed[-400:]!r}"]
+        if found["measured_ratio"] <= found["tokens_ratio"]:
+            return [f"measured time grew {found['measured_ratio']}x for {found['tokens_ratio']}x the tokens: "
+                    "no bend away from a straight line, which the lesson promises"]
+    if notebook.stem.startswith("07_"):
+        if not found["extremes"]:
+            return [f"no extremes printed: {printed[-400:]!r}"]
+        decode_end, prefill_end = found["extremes"]
+        if decode_end != "Chat" or prefill_end not in PREFILL_HEAVY_SHAPES:
+            return [f"the text says chat leans furthest to decode and a short-answer shape or the long "
+                    f"document furthest to prefill; measured: {decode_end}, {prefill_end}"]
+    return []
+
+
+RUNS: dict[str, list[dict]] = {}  # notebook stem -> the conclusions of each browser run so far
+
+
 # ------------------------------------------------------------------ the test
 def open_and_run(page, server, notebook: Path):
     open_notebook(page, server, notebook)
@@ -174,9 +274,14 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
     original = notebook.read_bytes()
     page = lab.fresh_page()
     lab.trusted = False  # until this test has closed its notebook cleanly
+    lab.console.clear()
     try:
         open_and_run(page, server, notebook)
         assert page_errors(page) == [], f"{notebook.name}: errors on the page after running"
+        printed = page.evaluate(PRINTED_JS)
+        RUNS.setdefault(notebook.stem, []).append(conclusions(notebook, printed))
+        assert contradictions(notebook, printed) == [], f"{notebook.name}: printed conclusion against its text"
+        assert page.evaluate(CLIPPED_JS) == [], f"{notebook.name}: text a learner cannot read whole"
         # Once plotly's FigureWidget drew a chart with no figure about once in fifteen runs; the
         # lessons' charts (views.LiveFigure) now always carry their whole figure.
         assert empty_charts(page) == [], f"{notebook.name}: plotly charts drawn empty"
@@ -186,6 +291,8 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
         stuck = [m for m in moves if m["unchanged"] or m["count_changed"] or m["from"] == m["to"]]
         assert not stuck, f"{notebook.name}: a slider move left its charts as they were: {stuck}"
         assert page_errors(page) == [], f"{notebook.name}: errors on the page after moving the sliders"
+        assert page.evaluate(CLIPPED_JS) == [], f"{notebook.name}: text cut after moving the sliders"
+        assert console_failures(lab.console) == [], f"{notebook.name}: browser console"
     finally:
         if not page.is_closed():  # a picture for people to look at, pass or fail
             try:
@@ -214,3 +321,56 @@ def test_without_chromium_the_browser_tests_skip_or_under_ci_fail(monkeypatch, c
     outcome = pytest.fail.Exception if ci == "true" else pytest.skip.Exception
     with pytest.raises(outcome, match="no Chromium at /nonexistent/chromium"):
         browser_util.sync_playwright()
+
+
+def idle_growth(server, prompts=(512, 4096)) -> float:
+    """What `python -m labkit measure prefill` gives on the idle machine (no notebook open, the
+    browser waiting): the ratio of the longest prompt's time to the shortest's."""
+    times = []
+    for prompt in prompts:
+        out = subprocess.run([str(VENV_BIN / "python"), "-m", "labkit", "measure", "prefill", "--prompt", str(prompt),
+                              "--json"], cwd=ROOT, env=server.env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        times.append(json.loads(out.stdout)["time_s"])
+    return times[1] / times[0]
+
+
+def orders_agree(runs: list[dict], tie: float = 0.05) -> list[str]:
+    """Pairs of shapes whose order differs between runs although some run has them more than
+    `tie` (a share) apart: a near tie may fall either way, a real gap may not."""
+    names = sorted(runs[0]["shares"])
+    problems = []
+    for a, b in ((a, b) for i, a in enumerate(names) for b in names[i + 1:]):
+        gaps = [run["shares"][a] - run["shares"][b] for run in runs]
+        if min(gaps) < 0 < max(gaps) and max(abs(g) for g in gaps) > tie:
+            problems.append(f"{a} vs {b}: prefill share differences {[round(g, 3) for g in gaps]}")
+    return problems
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+@pytest.mark.parametrize("stem", ["02_prefill_two_terms", "07_workload_shapes"])
+def test_measured_conclusions_hold_in_three_browser_runs(lab, stem):
+    """With JupyterLab and Chromium on the same cores, lesson 02's measured growth from 512 to
+    4,096 tokens lands within 25 % of what `measure` gives on the idle machine, and lesson 07's
+    order of the six shapes is the same, in three runs out of three (the run of the test above
+    counts as the first)."""
+    notebook = ROOT / "notebooks" / f"{stem}.ipynb"
+    page = lab.fresh_page()
+    reference = idle_growth(lab.server) if stem.startswith("02_") else None
+    runs = RUNS.setdefault(stem, [])
+    while len(runs) < 3:
+        lab.trusted = False
+        open_and_run(page, lab.server, notebook)
+        runs.append(conclusions(notebook, page.evaluate(PRINTED_JS)))
+        close(page, lab.server).join(timeout=30)
+        lab.trusted = True
+    print(f"{stem}: idle growth {reference}; browser runs {runs}")
+    if reference is not None:
+        ratios = [run.get("measured_ratio") for run in runs]
+        assert all(r is not None and abs(r / reference - 1) <= 0.25 for r in ratios), \
+            f"lesson 02's growth in the browser {ratios} against {reference:.2f}x measured idle"
+    else:
+        assert all(len(run["shares"]) == 6 for run in runs), runs
+        assert orders_agree(runs) == [], "lesson 07's order of the shapes changed between browser runs"
