@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
 
 DEVICES = ("cpu", "cuda")
@@ -25,7 +26,6 @@ ENV_VAR = "LABKIT_DEVICE"
 # the CUDA context and the notebook's own tensors all need room beyond the formula's footprint.
 HEADROOM = 0.10
 GIB = 2**30
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Backend:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _TORCH_DTYPES[self.compute_dtype]
+        return torch_dtype(self.compute_dtype, COMPUTE_DTYPES)
 
 
 def choose_device(override: str | None = None) -> Backend:
@@ -58,6 +58,13 @@ def choose_device(override: str | None = None) -> Backend:
         return Backend("cuda", f"{why}: {name}", "bf16")
     # Pre-Ampere GPUs (T4, V100) have fp16 tensor cores but no bf16 ones.
     return Backend("cuda", f"{why}: {name} (no bf16 tensor cores: computing in fp16)", "fp16")
+
+
+def synchronize(device) -> None:
+    """Wait until `device` has finished the work issued to it: a CUDA synchronize, nothing on the
+    CPU (where torch runs synchronously). Call it before reading a wall clock around GPU work."""
+    if torch.device(getattr(device, "device", device)).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _has_bf16_tensor_cores() -> bool:

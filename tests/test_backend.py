@@ -165,3 +165,15 @@ def test_importing_labkit_sets_the_thread_waits_before_torch_or_numpy_load():
     mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**env, "OPENBLAS_THREAD_TIMEOUT": "10"})
     assert mine.stdout.split()[1] == "10"  # a user's own setting wins
+
+
+def test_dtype_names_are_turned_into_torch_dtypes_in_one_place():
+    from labkit import dtypes
+    assert dtypes.torch_dtype("fp8") == torch.float8_e4m3fn and dtypes.dtype_name(torch.int8) == "int8"
+    assert all(dtypes.dtype_name(dtypes.torch_dtype(name)) == name for name in dtypes.CACHE_DTYPES)
+    with pytest.raises(LabError, match="known: fp32, bf16, fp16"):
+        dtypes.torch_dtype("int8", dtypes.COMPUTE_DTYPES)
+
+
+def test_synchronize_is_a_no_op_on_the_cpu():
+    assert backend.synchronize("cpu") is None
