@@ -460,8 +460,8 @@ def cache_share_figure(curves: list[dict], bands: list[dict], marks: list[dict],
     for curve in curves:
         fig.add_scatter(x=curve["context_tokens"], y=curve["cache_share"], mode="lines", name=f"batch {curve['batch']}")
     fig.add_scatter(x=[m["context_tokens"] for m in marks], y=[m["cache_share"] for m in marks], mode="markers+text",
-                    text=[m["label"] for m in marks], textposition="middle left", marker=dict(size=10, color="#333"),
-                    name="the chapter's settings")
+                    text=[m["label"] for m in marks], textposition="top center", marker=dict(size=10, color="#333"),
+                    cliponaxis=False, name="the chapter's settings")  # a mark near the axis keeps its whole label
     _shade_regimes(fig, bands, axis="y")
     fig.update_xaxes(type="log", title="context S (tokens per sequence)")
     fig.update_yaxes(title="cache's share of one decode step's read", tickformat=".0%", range=[0, 1])
