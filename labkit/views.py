@@ -684,7 +684,7 @@ def split_figure(split: dict, title: str) -> LiveFigure:
     fig.add_bar(y=[], x=[], orientation="h", name="decode", marker=dict(color=SPLIT_COLOURS["decode_pct"]))
     fig.update_xaxes(title="share of the request's time (%)", range=[0, 100])
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=title, height=380, barmode="stack", legend=dict(orientation="h", y=-0.2),
+    fig.update_layout(title=title, height=380, barmode="stack", legend=dict(orientation="h", y=-0.2, traceorder="normal"),
                       margin=dict(l=200))
     set_split(fig, split)
     return fig
