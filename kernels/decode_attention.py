@@ -16,12 +16,12 @@ What you learn here:
 Shapes: q [B, H, D]; k_cache, v_cache [B, Hkv, S_max, D]; lengths [B] int32; o [B, H, D].
 """
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ._runtime import check_runnable
 from .kv_quant import dequantize_kv
 
 # Pseudocode, split kernel, one program per ((b, kv head), split):
@@ -215,9 +215,7 @@ def _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale, check_lengths=
     if check_lengths and bool(((lengths < 1) | (lengths > S_max)).any()):
         raise ValueError(f"decode_attention: lengths must lie in [1, S_max={S_max}]; got min "
                          f"{int(lengths.min())}, max {int(lengths.max())}")
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"decode_attention: tensors are on {q.device}; the Triton kernel needs "
-                         "CUDA tensors or TRITON_INTERPRET=1 set before triton is imported")
+    check_runnable(q, "decode_attention")
 
 
 def decode_attention(q, k_cache, v_cache, lengths, k_scale=None, v_scale=None, num_splits=None,

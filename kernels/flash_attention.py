@@ -16,11 +16,12 @@ What you learn here:
 Shapes: q [B, H, P, D]; k, v [B, Hkv, S, D]; o [B, H, P, D].
 """
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from ._runtime import check_runnable
 
 # Pseudocode, one program per (BLOCK_M queries, one (batch, head)):
 #   qs = q_tile * sm_scale * log2(e)                          # [BLOCK_M, D]
@@ -142,9 +143,7 @@ def _check_inputs(q, k, v):
     if D < 16 or D > 256 or D & (D - 1):
         raise ValueError(f"flash_attention: head dim D={D} not supported; expected a power of "
                          "two in [16, 256]")
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"flash_attention: tensors are on {q.device}; the Triton kernel needs "
-                         "CUDA tensors or TRITON_INTERPRET=1 set before triton is imported")
+    check_runnable(q, "flash_attention")
 
 
 def flash_attention(q, k, v, causal=True, sm_scale=None):

@@ -11,12 +11,15 @@ What you learn here:
 
 Shapes: x is [..., D], e.g. [B, Hkv, T, D]; int8 scales are x.shape[:-1] (one per row).
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from ._runtime import check_runnable
+
+# The kernels' own names for cache dtypes. labkit's table is labkit.dtypes (TORCH_DTYPES); kernels/
+# cannot import it (labkit imports kernels, and the kernels must stay usable on their own), so the
+# five names are repeated here and tests/test_kernels_kv_quant.py checks the two tables agree.
 KV_CACHE_DTYPES = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
@@ -117,9 +120,7 @@ def quantize_kv(x: torch.Tensor, cache_dtype, scale=None, use_triton=None):
     use_triton = x.is_cuda if use_triton is None else use_triton
     if not use_triton:
         return quantize_kv_reference(x, dtype, scale)
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"quantize_kv: x is on {x.device}; the Triton kernel needs a CUDA tensor "
-                         "or TRITON_INTERPRET=1 set before triton is imported")
+    check_runnable(x, "quantize_kv")
     D = x.shape[-1]
     x2 = x.reshape(-1, D)  # [R, D]; copies only if x cannot be viewed that way
     if x2.stride(1) != 1:

@@ -10,11 +10,11 @@ What you learn here:
   * strides: b may be a transposed view of a weight stored [N, K] (as nn.Linear stores it);
     the kernel only follows strides, so no copy is needed.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ._runtime import check_runnable
 
 # Pseudocode, one program per output tile (pid_m, pid_n):
 #   acc = zeros(BLOCK_M, BLOCK_N) in fp32
@@ -105,9 +105,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"matmul: a dtype {a.dtype} and b dtype {b.dtype} differ; expected equal")
     if a.device != b.device:
         raise ValueError(f"matmul: a on {a.device} and b on {b.device}; expected the same device")
-    if not a.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"matmul: tensors are on {a.device}; the Triton kernel needs CUDA tensors "
-                         "or TRITON_INTERPRET=1 set before triton is imported")
+    check_runnable(a, "matmul")
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)

@@ -2,19 +2,14 @@
 import pytest
 import torch
 
-from kernel_util import CUDA, DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter
+from kernel_util import DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter, tol
 from kernels.decode_attention import (decode_attention, decode_attention_reference,
                                       default_num_splits)
 from kernels.kv_quant import quantize_kv_reference
+from kernels.tolerances import decode_attention_tolerance
+from labkit.dtypes import dtype_name
 
 pytestmark = needs_cuda_or_interpreter
-# Kernel and reference read the SAME quantised cache, so these bound arithmetic only: the kernel
-# rounds probabilities (times the int8 V scales) to q's dtype before p @ V; the reference is fp32.
-TOL = {
-    **FLOAT_TOL,
-    "int8": dict(atol=5e-3, rtol=5e-3),  # with fp16 q; fp32 q uses the fp32 row
-    "fp8": dict(atol=5e-3, rtol=5e-3),
-}
 
 
 def make_case(B, H, Hkv, S_max, D, q_dtype, cache, lengths, seed=0, fp8_scale=0.5):
@@ -34,13 +29,13 @@ def check(case, what, num_splits=None):
     out = decode_attention(*case, num_splits=num_splits)
     ref = decode_attention_reference(*case)
     q, k_cache = case[0], case[1]
-    key = {torch.int8: "int8", torch.float8_e4m3fn: "fp8"}.get(k_cache.dtype, q.dtype)
-    tol = TOL[torch.float32] if q.dtype == torch.float32 else TOL[key]
+    # Kernel and reference read the SAME quantised cache: the tolerance bounds arithmetic only.
+    tolerance = tol(decode_attention_tolerance(dtype_name(q.dtype), dtype_name(k_cache.dtype)))
     assert out.shape == q.shape and out.dtype == q.dtype, f"{what}: {out.shape} {out.dtype}"
     err = (out.float() - ref.float()).abs()
-    torch.testing.assert_close(out.float(), ref.float(), **tol, msg=lambda _: (
+    torch.testing.assert_close(out.float(), ref.float(), **tolerance, msg=lambda _: (
         f"{what}: max abs err {err.max().item():.3e}, mean abs err {err.mean().item():.3e}, "
-        f"tolerance {tol}"))
+        f"tolerance {tolerance}"))
 
 
 @pytest.mark.parametrize("cache", ["fp16", "int8", "fp8"])
@@ -145,4 +140,4 @@ def test_check_lengths_false_reads_nothing_back(monkeypatch):
     with pytest.raises(AssertionError, match="read a tensor back"):
         decode_attention(*case)  # the default checks lengths: one read back
     monkeypatch.undo()
-    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.float16])
+    torch.testing.assert_close(out.float(), ref.float(), **FLOAT_TOL[torch.float16])
