@@ -49,6 +49,8 @@ def point_summary(point: dict) -> str:
     rate = f"{point['tokens_per_s']:,.0f} tokens/s" if point.get("tokens_per_s") else None
     timed = (f"fastest of {point['samples']} calls" if point.get("estimator") == "fastest"
              else f"median of {point['samples']} samples") if point.get("samples") else None
+    if timed and point.get("spread") is not None:
+        timed += f", spread {point['spread']:.0%}"
     parts = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
              f"predicted {format_seconds(point['predicted_time_s'])}",
              f"{point['roof_fraction']:.2f} of the {point['bound']}-bound roof" if "roof_fraction" in point else None,
@@ -115,7 +117,9 @@ def measured_series(records: list[dict], x_key: str) -> dict:
         series["residual"].append(rec["time_s"] / rec["predicted_time_s"] - 1)
         series["noisy"].append(bool(rec.get("noisy", False)))
         series["spread"].append(rec.get("spread", 0.0))
-        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {rec.get('bound', '')}-bound")
+        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {rec.get('bound', '')}-bound, "
+                               f"spread {rec.get('spread', 0.0):.0%} over {rec.get('samples', 1)} calls"
+                               + (" (noisy)" if rec.get("noisy") else ""))
     return series
 
 

@@ -164,6 +164,7 @@ def set_measured(fig: LiveFigure, series: dict):
         fig.data[1].hovertext = [series["label"][i] for i in clean]
         fig.data[2].x = [series["x"][i] for i in noisy]
         fig.data[2].y = [series["time_s"][i] for i in noisy]
+        fig.data[2].hovertext = [series["label"][i] for i in noisy]
         fig.data[3].x = series["x"]
         fig.data[3].y = series["residual"]
         # A noisy point's residual is as untrustworthy as its time: its bar takes the noisy colour.

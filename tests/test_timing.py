@@ -134,9 +134,10 @@ def test_batches_through_ridge_measure_the_mark_or_leave_it_alone():
 
 def test_point_summary_gives_numbers_and_how_they_were_timed():
     point = {"time_s": 0.0094, "predicted_time_s": 0.004, "tokens_per_s": 1812.4, "roof_fraction": 0.38,
-             "bound": "memory", "device_name": "a CPU", "samples": 12, "estimator": "fastest", "noisy": False}
+             "bound": "memory", "device_name": "a CPU", "samples": 12, "estimator": "fastest", "noisy": False,
+             "spread": 0.35}
     line = explore.point_summary(point)
     assert line == ("measured 9.40 ms (1,812 tokens/s); predicted 4.00 ms; 0.38 of the memory-bound roof; "
-                    "on a CPU; fastest of 12 calls")
+                    "on a CPU; fastest of 12 calls, spread 35%")
     assert "e+" not in line
     assert "noisy" in explore.point_summary({**point, "noisy": True})
