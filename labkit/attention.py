@@ -28,17 +28,17 @@ import torch
 import torch.nn.functional as F
 
 from . import backend, roofline
+from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
 from .specs import BYTES_PER_ELEMENT
 
-_TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _STATUS = Path("/proc/self/status")
 
 
 def random_qkv(heads: int, kv_heads: int, tokens: int, head_dim: int, dtype: str, device: str, batch: int = 1):
     """Fresh (unseeded) q [B, H, P, D] and k, v [B, Hkv, P, D] from a standard normal."""
     shapes = ((batch, heads, tokens, head_dim), (batch, kv_heads, tokens, head_dim), (batch, kv_heads, tokens, head_dim))
-    return tuple(torch.randn(s, device=device).to(_TORCH[dtype]) for s in shapes)
+    return tuple(torch.randn(s, device=device).to(torch_dtype(dtype, COMPUTE_DTYPES)) for s in shapes)
 
 
 def compare_with_reference(heads: int = 4, kv_heads: int = 2, tokens: int = 128, head_dim: int = 64,
@@ -48,7 +48,11 @@ def compare_with_reference(heads: int = 4, kv_heads: int = 2, tokens: int = 128,
     from kernels.flash_attention import attention_reference, flash_attention
 
     chosen = backend.choose_device(device).device
-    if dtype == "bf16" and chosen == "cpu":
+    how = backend.kernels_run_on(chosen)
+    if how is None:
+        raise LabError(f"the Triton kernel cannot run on the {chosen} here: set TRITON_INTERPRET=1 "
+                       "before triton is imported (import labkit does so on a machine without a GPU)")
+    if dtype == "bf16" and how == "interpreter":
         raise LabError("bf16 is not supported by Triton's CPU interpreter; use fp32 or fp16 here")
     q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, chosen)
     errors = (flash_attention(q, k, v, causal).float() - attention_reference(q, k, v, causal).float()).abs()
@@ -77,11 +81,11 @@ def _fresh_pages_for_big_allocations():
 def peak_memory_bytes(fn, device: str) -> tuple[object, int]:
     """Run fn(); return its result and the peak memory gained while it ran (see module doc)."""
     if device == "cuda":
-        torch.cuda.synchronize()
+        backend.synchronize(device)
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         result = fn()
-        torch.cuda.synchronize()
+        backend.synchronize(device)
         return result, torch.cuda.max_memory_allocated() - before
     if not _STATUS.exists():
         raise LabError("measuring CPU peak memory needs Linux's /proc/self/status")
@@ -93,7 +97,9 @@ def peak_memory_bytes(fn, device: str) -> tuple[object, int]:
 
 
 def _flash(q, k, v, device: str):
-    if device == "cuda":
+    """The Triton kernel where it runs compiled; else torch's fused SDPA (the interpreter is far
+    too slow at the lengths a memory sweep reaches)."""
+    if backend.kernels_run_on(device) == "compiled":
         from kernels.flash_attention import flash_attention
         return flash_attention(q, k, v, causal=False)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)

@@ -1,17 +1,27 @@
-"""The CPU/GPU choice, made once, with the reason for it; and what memory the device has free.
+"""The CPU/GPU choice, made once, with the reason for it; how the Triton kernels run; what
+memory the device has free. Every module that asks "which device?" or "can the kernels run
+here?" asks this one, so the answer cannot differ between the lessons, the CLI and the GPU check.
 
     backend = choose_device()          # CUDA if torch sees a GPU, else the CPU path
     backend = choose_device("cpu")     # or LABKIT_DEVICE=cpu: force a path (tests, comparisons)
+    triton_mode()                      # "compiled" | "interpreter" | "none"
+    kernels_run_on("cpu")              # how the kernels would run on that device's tensors, or None
     check_fits(footprint_bytes, backend.device, "decode at batch 64")   # before allocating
 
 The CPU path computes in fp32, not bf16: on this lab's CPUs a bf16 matmul runs at about
 1 GFLOP/s against about 110 for fp32 (no bf16 matrix units, so PyTorch falls back to a slow
 kernel). The GPU path computes in bf16, the dtype the chapter's peaks are quoted for.
+
+Triton kernels run compiled on a CUDA GPU, or in Triton's interpreter (slow; any tensor) when
+TRITON_INTERPRET=1 was set before triton was imported; `import labkit` sets it on a machine
+without an NVIDIA driver. kernels/ keeps its own copy of that check (kernels/_runtime.py): it
+cannot import labkit.
 """
 from __future__ import annotations
 
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +36,7 @@ ENV_VAR = "LABKIT_DEVICE"
 # the CUDA context and the notebook's own tensors all need room beyond the formula's footprint.
 HEADROOM = 0.10
 GIB = 2**30
+INTERPRET_VAR = "TRITON_INTERPRET"  # "1": Triton kernels run in its interpreter; read when triton is imported
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,41 @@ def synchronize(device) -> None:
     CPU (where torch runs synchronously). Call it before reading a wall clock around GPU work."""
     if torch.device(getattr(device, "device", device)).type == "cuda":
         torch.cuda.synchronize()
+
+
+def triton_mode() -> str:
+    """How the lab's Triton kernels run in this process: "interpreter" when TRITON_INTERPRET=1
+    (Triton's interpreter, on any tensor, slowly), else "compiled" when torch sees a CUDA GPU,
+    else "none" (no GPU and the interpreter not chosen: the kernels cannot run at all)."""
+    if os.environ.get(INTERPRET_VAR) == "1":
+        return "interpreter"
+    return "compiled" if torch.cuda.is_available() else "none"
+
+
+def kernels_run_on(device) -> str | None:
+    """How the kernels run on tensors of `device` ("cpu" | "cuda" | a torch.device | a Backend):
+    "compiled", "interpreter", or None where they cannot (CPU tensors without the interpreter)."""
+    kind, _ = _kind_and_index(device)
+    mode = triton_mode()
+    if mode == "interpreter":
+        return mode
+    return "compiled" if mode == "compiled" and kind == "cuda" else None
+
+
+def kernel_device() -> str | None:
+    """The device to check and time the kernels on: "cuda" when they run compiled, "cpu" in the
+    interpreter (whose copies to and from a GPU would only add time), None when they cannot run."""
+    return {"compiled": "cuda", "interpreter": "cpu"}.get(triton_mode())
+
+
+def use_interpreter() -> None:
+    """Choose Triton's interpreter for this process (a CPU dry run). LabError if triton is
+    already imported: it read TRITON_INTERPRET then, so setting it now would change nothing."""
+    if os.environ.get(INTERPRET_VAR) == "1":
+        return
+    if "triton" in sys.modules:
+        raise LabError(f"set {INTERPRET_VAR}=1 before triton is imported")
+    os.environ[INTERPRET_VAR] = "1"
 
 
 def _has_bf16_tensor_cores() -> bool:

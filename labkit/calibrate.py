@@ -37,6 +37,7 @@ import torch
 
 from . import roofline
 from .backend import check_fits, device_name, total_memory_bytes
+from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .measure import format_rate, time_fn
 from .recordings import provenance as base_provenance
 from .recordings import write_json_atomic
@@ -45,7 +46,6 @@ from .specs import HardwareSpec
 MIB, GIB = 2**20, 2**30
 CACHE_FORMAT = 1
 MAX_AGE_S = 7 * 24 * 3600  # a week: drivers, clocks and neighbours change
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -106,12 +106,13 @@ def _spec(kind: str, stream: dict, matmul: dict, date: str) -> HardwareSpec:
 
 def bandwidth_now(device, plan: Plan | None = None) -> float:
     """The memory bandwidth at this moment, bytes/s: the calibration's copy and read tests, the
-    faster of the two, one warm-up and three timed calls each (about 0.3 s on the lab's CPU).
+    faster of the two, one warm-up and three timed calls each.
 
-    Why: a shared machine's bandwidth moves with its neighbours' load (10.7 to 20.2 GB/s within
-    30 minutes on the lab's 2-core VM, 2026-11-29), so a fraction against a calibration made
-    an hour ago can be off by 2x either way. Two of these around a measurement bound the roof of
-    its own moment (`sweeps.bracketed`). Not cached, not written anywhere."""
+    Why: a shared machine's bandwidth moves with its neighbours' load, so a fraction against a
+    calibration made an hour ago can be off by 2x either way. Two of these around a measurement
+    bound the roof of its own moment (`sweeps.bracketed`). Not cached, not written anywhere."""
+    # Seen: 10.7 to 20.2 GB/s within 30 minutes on the lab's 2-core VM (2026-11-29); this check
+    # took about 0.3 s there.
     kind = torch.device(getattr(device, "device", device)).type
     plan = dataclasses.replace(plan or PLANS[kind], warmup=1, repeats=3, budget_s=1.0)
     check_fits(2 * plan.stream_bytes, kind, "the bandwidth check")
@@ -156,8 +157,8 @@ def _matmul_fn(kind: str, dtype: str, n: int) -> Callable[[], object]:
     """A ready-to-time n x n matmul in `dtype`, run once here so unsupported paths fail early."""
     a = torch.randn(n, n, device=kind)  # random, not zeros: data-dependent power affects clocks
     b = torch.randn(n, n, device=kind)
-    if dtype in _TORCH_DTYPES:
-        a, b = a.to(_TORCH_DTYPES[dtype]), b.to(_TORCH_DTYPES[dtype])
+    if dtype in COMPUTE_DTYPES:
+        a, b = a.to(torch_dtype(dtype, COMPUTE_DTYPES)), b.to(torch_dtype(dtype, COMPUTE_DTYPES))
         out = torch.empty_like(a)
         fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
     elif kind != "cuda":
@@ -165,7 +166,7 @@ def _matmul_fn(kind: str, dtype: str, n: int) -> Callable[[], object]:
     elif dtype == "fp8":
         # _scaled_mm wants the second operand column-major, and per-tensor fp32 scales. Fast
         # accumulation is what inference engines run, so it is the ceiling their kernels meet.
-        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
+        a8, b8 = a.to(torch_dtype("fp8")), b.to(torch_dtype("fp8")).t().contiguous().t()
         one = torch.ones((), device=kind)
         fn = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=True)  # noqa: E731
     else:  # int8: cuBLASLt's fast int8 path is row-major A times column-major B

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from . import roofline
+from . import backend, roofline
 from .errors import LabError
 from .specs import HardwareSpec
 from .timing import (CONFIRM_TOLERANCE, MIN_SAMPLES, NOISY_SPREAD, Timing,  # noqa: F401 — re-exported
@@ -52,7 +52,7 @@ def time_fn(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5,
         fn()
     calls = 1
     if cuda:
-        torch.cuda.synchronize()
+        backend.synchronize(device)
         calls = min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(CUDA_MIN_SAMPLE_S / _cuda_calls_s(fn, 1)[0])))
     samples_s, host_s = [], []
     while len(samples_s) < repeats:

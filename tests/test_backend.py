@@ -177,3 +177,30 @@ def test_dtype_names_are_turned_into_torch_dtypes_in_one_place():
 
 def test_synchronize_is_a_no_op_on_the_cpu():
     assert backend.synchronize("cpu") is None
+
+
+@pytest.mark.parametrize("interpret, cuda, mode, device, on_cpu, on_cuda", [
+    ("1", False, "interpreter", "cpu", "interpreter", "interpreter"),
+    ("1", True, "interpreter", "cpu", "interpreter", "interpreter"),  # chosen: the interpreter wins
+    (None, True, "compiled", "cuda", None, "compiled"),
+    (None, False, "none", None, None, None),
+])
+def test_how_the_triton_kernels_run_is_decided_once(monkeypatch, interpret, cuda, mode, device, on_cpu, on_cuda):
+    if interpret is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert backend.triton_mode() == mode and backend.kernel_device() == device
+    assert backend.kernels_run_on("cpu") == on_cpu and backend.kernels_run_on("cuda") == on_cuda
+
+
+def test_the_interpreter_can_be_chosen_only_before_triton_is_imported(monkeypatch):
+    import sys
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or object())
+    with pytest.raises(LabError, match="set TRITON_INTERPRET=1 before triton is imported"):
+        backend.use_interpreter()
+    monkeypatch.delitem(sys.modules, "triton")
+    backend.use_interpreter()
+    assert backend.triton_mode() == "interpreter"
