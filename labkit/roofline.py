@@ -9,6 +9,10 @@ Two hidden choices behind the chapter's figures are made explicit by `Counting`:
   * N as all parameters (the chapter's 2NP) or only the weights a token is multiplied by
     (layer matmuls, plus the output head for the positions whose logits are needed).
 `CHAPTER` reproduces the chapter; `KERNEL` is what the lab's kernels really execute.
+
+Besides whole models, single kernel calls are counted here too (a matmul, an attention call, a
+decode attention call over a quantised cache), for lesson 03 and for the GPU check, which prints
+each call's roof before timing it: every prediction in the lab comes from this module.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ CHAPTER_BANDWIDTH_EFFICIENCY = 0.75  # behind "157 tokens a second": 0.75 * 3.35
 WEIGHTS_DOMINATED_BELOW = 0.15
 CACHE_DOMINATED_FROM = 0.70
 INT8_SCALE_BYTES = 4  # one fp32 scale per token per kv head, for K and for V
+FP8_SCALE_BYTES = 4  # one fp32 scale per tensor, for K and for V
 CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8")
 
 
@@ -129,12 +134,20 @@ def prefill_linear_flops(model: ModelSpec, prompt_tokens: int, batch: int = 1, p
     return per_sequence * batch
 
 
+def attention_flops(batch: int, heads: int, head_dim: int, query_tokens: int, past_tokens: int = 0,
+                    attention: str = "full") -> int:
+    """One attention call (one layer): Q K^T and P V, 2 FLOPs (multiply + add) per scored pair per
+    head dimension for each, so 4 * B * H * dh * pairs. Ignores the scaling, mask and softmax
+    (O(pairs), not O(pairs dh)). A causal self-attention kernel over P tokens does P(P+1)/2 pairs."""
+    return 4 * batch * heads * head_dim * attention_pairs(query_tokens, past_tokens, attention)
+
+
 def prefill_attention_flops(model: ModelSpec, prompt_tokens: int, batch: int = 1,
                             attention: str = "full", past_tokens: int = 0) -> int:
-    """Q K^T and P V: 2 FLOPs per pair per query dim for each, so 4 * L * (H dh) * pairs.
-    "full" with no past is the chapter's 4LP^2d. `past_tokens` are already cached (chunked prefill)."""
-    pairs = attention_pairs(prompt_tokens, past_tokens, attention)
-    return 4 * model.n_layers * model.q_dim * pairs * batch
+    """`attention_flops` in every layer: 4 * L * (H dh) * pairs. "full" with no past is the
+    chapter's 4LP^2d. `past_tokens` are already cached (chunked prefill)."""
+    return model.n_layers * attention_flops(batch, model.n_heads, model.head_dim, prompt_tokens,
+                                            past_tokens, attention)
 
 
 def prefill_flops(model: ModelSpec, prompt_tokens: int, batch: int = 1, counting: Counting = CHAPTER,
@@ -169,7 +182,14 @@ def decode_flops_per_step(model: ModelSpec, batch: int, context_tokens: int, cou
     """One new token for each of `batch` sequences: 2N per token plus attention of one query
     over `context_tokens` keys, 4 * L * (H dh) * S. Decode attention is linear in S, not quadratic."""
     n = param_count(model, counting.params)
-    return batch * (2 * n + 4 * model.n_layers * model.q_dim * context_tokens)
+    return batch * 2 * n + model.n_layers * decode_attention_flops(batch, model.n_heads, model.head_dim,
+                                                                     context_tokens)
+
+
+def decode_attention_flops(batch: int, heads: int, head_dim: int, context_tokens: int) -> int:
+    """One decode attention call (one layer): one query per sequence over `context_tokens` keys,
+    4 * B * H * dh * S (Q K^T and P V, 2 FLOPs per key per head dimension each). Linear in S."""
+    return 4 * batch * heads * head_dim * context_tokens
 
 
 # ---------------------------------------------------------------- bytes moved and intensity
@@ -290,6 +310,17 @@ def tokens_per_s_per_sequence(step_time_s: float) -> float:
     return 1.0 / step_time_s
 
 
+def time_roof_fraction(predicted_time_s: float, measured_time_s: float) -> float:
+    """How close a measurement came to its roof: the roof's time over the measured time; 1.0 on
+    the roof, above 1 faster than it (a stale roof, or data that stayed in cache)."""
+    return predicted_time_s / measured_time_s
+
+
+def bandwidth_fraction(bytes_per_s: float, hardware: HardwareSpec) -> float:
+    """An achieved rate of bytes moved per second over the memory bandwidth of `hardware`."""
+    return bytes_per_s / hardware.memory_bandwidth_bytes_per_s
+
+
 # ---------------------------------------------------------------- memory footprint
 def activation_bytes(model: ModelSpec, tokens: int, batch: int = 1, dtype: str = "bf16") -> int:
     """Peak activations of one layer's forward for `batch * tokens` positions: the residual,
@@ -331,7 +362,29 @@ def _fraction(value: float, name: str) -> float:
     return value
 
 
-# ---- lesson 03: attention memory traffic
+# ---------------------------------------------------------------- one kernel call (lesson 03, the GPU check)
+def matmul_flops(m: int, k: int, n: int) -> int:
+    """[m, k] @ [k, n]: one multiply and one add per output element per inner index, 2 m k n."""
+    return 2 * m * k * n
+
+
+def matmul_bytes(m: int, k: int, n: int, dtype: str = "bf16") -> int:
+    """A [m, k] and B [k, n] read once, C [m, n] written once, in `dtype`. The floor a good GEMM
+    comes close to; ignores tiles re-read because they fell out of cache."""
+    return (m * k + k * n + m * n) * BYTES_PER_ELEMENT[_check_dtype(dtype)]
+
+
+def decode_attention_bytes(batch: int, heads: int, kv_heads: int, context_tokens: int, head_dim: int,
+                           cache_dtype: str = "bf16", q_dtype: str = "bf16") -> int:
+    """What one decode attention call must move: K and V for S positions of B x Hkv heads in
+    `cache_dtype`, their scales (int8: one fp32 per position per kv head for K and V; fp8: one
+    per tensor for K and V), q read and the output written in `q_dtype`. Ignores the lengths."""
+    cache = 2 * batch * kv_heads * context_tokens * head_dim * BYTES_PER_ELEMENT[_check_cache_dtype(cache_dtype)]
+    scales = {"int8": 2 * batch * kv_heads * context_tokens * INT8_SCALE_BYTES,
+              "fp8": 2 * FP8_SCALE_BYTES}.get(cache_dtype, 0)
+    return cache + scales + 2 * batch * heads * head_dim * BYTES_PER_ELEMENT[_check_dtype(q_dtype)]
+
+
 def naive_attention_bytes(batch: int, heads: int, query_tokens: int, key_tokens: int, head_dim: int,
                           dtype: str = "bf16", kv_heads: int | None = None, score_dtype: str = "fp32") -> int:
     """Memory traffic of attention done as three separate kernels that write the scores out:

@@ -15,13 +15,15 @@ Notation used across the lab (the lesson's letters -> code names):
 
 Derived quantities (ridge point, parameter counts) are computed in `roofline`, never stored here.
 An unknown name raises `SpecError` listing the known ones; a Hugging Face-style `config.json`
-given by path is read offline.
+given by path is read offline. A CUDA device's name (as torch reports it) finds its preset with
+`preset_for_device_name`, or None: a GPU the lab has no datasheet for gets no roof, not a guess.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +36,6 @@ DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 MAX_SIZE = 2**40
 MAX_CONFIG_BYTES = 2**20  # a config.json is a few KB; refuse devices, pipes and huge files
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-
-
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,28 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
               intermediate_size=128, vocab_size=256, tie_embeddings=False, rope_theta=10000.0,
               norm_eps=1e-5, max_context=4096, source="this lab (labkit/specs.py), for tests"),
 )}
+
+
+# torch.cuda.get_device_name -> a GPUS preset, first match wins. A part whose name matches none
+# gets no datasheet, never a guess: H100 NVL and H200 NVL have other clocks or bandwidth than the
+# SXM parts, a GH200's HBM is not an H200's, an L40S is not an L4.
+PRESET_BY_DEVICE_NAME = (
+    (r"\bH200\b(?!.*NVL)", "H200"),  # "NVIDIA H200"; not "NVIDIA H200 NVL"
+    (r"\bH100\b.*\bPCIe\b", "H100-PCIe"),  # "NVIDIA H100 PCIe"
+    (r"\bH100\b.*\b(SXM|HBM3)\b", "H100-SXM"),  # "NVIDIA H100 80GB HBM3" is the SXM part
+    (r"\bA100\b.*80GB", "A100-80GB"),  # "NVIDIA A100-SXM4-80GB"
+    (r"\bA100\b.*40GB", "A100-40GB"),
+    (r"\bL4\b", "L4"), (r"\bT4\b", "T4"), (r"\bRTX 4090\b", "RTX-4090"),
+)
+
+
+def preset_for_device_name(device_name: str) -> HardwareSpec | None:
+    """The GPUS preset for a CUDA device name as torch reports it, or None for a device the lab
+    has no datasheet for (an unknown GPU yields no roof, never a guessed one)."""
+    for pattern, preset in PRESET_BY_DEVICE_NAME:
+        if re.search(pattern, device_name):
+            return GPUS[preset]
+    return None
 
 
 def get_gpu(name: str) -> HardwareSpec:

@@ -98,3 +98,48 @@ def test_footprint_grows_with_batch_and_context():
 def test_bad_arguments_raise_spec_errors(call):
     with pytest.raises(SpecError):
         call()
+
+
+# ---- one kernel call: the counts the GPU check used to compute itself, pinned to its old formulas
+def test_matmul_flops_and_bytes():
+    M, K, N = 2048, 4096, 14336
+    assert r.matmul_flops(M, K, N) == 2 * M * K * N
+    assert r.matmul_bytes(M, K, N, "bf16") == (M * K + K * N + M * N) * 2
+    assert r.matmul_bytes(64, 32, 48, "fp16") == (64 * 32 + 32 * 48 + 64 * 48) * 2
+
+
+@pytest.mark.parametrize("P", [32, 4096])
+def test_causal_flash_attention_flops_and_bytes(P):
+    H, Hkv, D = 32, 8, 128
+    assert r.attention_flops(1, H, D, P, 0, "causal") == 4 * H * D * r.attention_pairs(P, 0, "causal")
+    assert r.attention_flops(1, H, D, P, 0, "causal") == 4 * H * D * P * (P + 1) // 2
+    assert r.flash_attention_bytes(1, H, P, P, D, "bf16", kv_heads=Hkv) == 2 * (H + Hkv) * P * D * 2
+
+
+def test_prefill_attention_flops_is_attention_flops_in_every_layer():
+    for past, counting in ((0, "full"), (0, "causal"), (3000, "causal")):
+        old = 4 * L8.n_layers * L8.q_dim * r.attention_pairs(1024, past, counting) * 2
+        assert r.prefill_attention_flops(L8, 1024, 2, counting, past) == old
+
+
+def test_decode_attention_flops_and_the_step_it_is_part_of():
+    assert r.decode_attention_flops(16, 32, 128, 8192) == 4 * 16 * 32 * 128 * 8192
+    for counting in (r.CHAPTER, r.KERNEL):
+        old = 3 * (2 * r.param_count(L8, counting.params) + 4 * L8.n_layers * L8.q_dim * 5000)
+        assert r.decode_flops_per_step(L8, 3, 5000, counting) == old
+
+
+def test_decode_attention_bytes_counts_cache_scales_and_q_out():
+    # B=1, H=32, Hkv=8, S=32768, D=128: K+V = 2 * 8 * 32768 * 128 values; q and out 2 * 32 * 128 bf16.
+    values, q_out = 2 * 8 * 32768 * 128, 2 * 32 * 128 * 2
+    assert r.decode_attention_bytes(1, 32, 8, 32768, 128, "bf16", "bf16") == 2 * values + q_out
+    assert r.decode_attention_bytes(1, 32, 8, 32768, 128, "fp8", "bf16") == values + 8 + q_out
+    assert r.decode_attention_bytes(1, 32, 8, 32768, 128, "int8", "bf16") == values + 2 * 8 * 32768 * 4 + q_out
+    with pytest.raises(SpecError):
+        r.decode_attention_bytes(1, 32, 8, 16, 128, "int4", "bf16")
+
+
+def test_fractions_of_a_roof():
+    h100 = get_gpu("H100-SXM")
+    assert r.bandwidth_fraction(3.35e12 / 2, h100) == pytest.approx(0.5)
+    assert r.time_roof_fraction(1e-3, 4e-3) == 0.25

@@ -86,3 +86,21 @@ def test_malformed_config_gives_a_clear_error(tmp_path, content, message):
 def test_missing_config_file(tmp_path):
     with pytest.raises(SpecError, match="not found"):
         get_model(str(tmp_path / "nope.json"))
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H200", "H200"),
+    ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA L40S", None), ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+    ("NVIDIA B200", None), ("", None),
+])
+def test_a_device_name_finds_its_preset_or_none(name, preset):
+    from labkit.specs import preset_for_device_name
+    spec = preset_for_device_name(name)
+    assert (spec.name if spec else None) == preset
+
+
+def test_every_device_name_pattern_names_a_preset():
+    from labkit.specs import PRESET_BY_DEVICE_NAME
+    assert {preset for _, preset in PRESET_BY_DEVICE_NAME} <= set(GPUS)
