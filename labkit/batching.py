@@ -350,3 +350,10 @@ def _extend_rows(x, xs, rows):
     lower = np.take_along_axis(rows, i[None], 0)[0]
     upper = np.take_along_axis(rows, np.minimum(i + 1, len(xs) - 1)[None], 0)[0]
     return lower + w * (upper - lower)
+
+
+def as_backlog(rows):
+    """The same requests, all waiting at t = 0: a saturated server, where throughput is capacity."""
+    rows = np.array(rows, dtype=float)
+    rows[:, 0] = 0.0
+    return rows

@@ -8,7 +8,7 @@ lesson's sentence becomes false, and `make test` fails.
 from __future__ import annotations
 
 from . import roofline as r
-from . import timing
+from . import sizes, timing, workloads
 from .specs import get_gpu, get_model
 
 
@@ -147,14 +147,13 @@ def lesson_07() -> dict[str, str]:
     """Workload shapes: the six shapes, their predicted shares on an H100, the CPU scaling."""
     import re
 
-    from . import explore, workloads
     from .specs import get_model as _model
     model, h100, _ = _chapter_setting()
     figures = {"agent_steps": fmt(workloads.AGENT_STEPS), "pushed_batch": fmt(workloads.PUSHED_BATCH),
                "chapter_batch": fmt(workloads.CHAPTER_BATCH), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
                "bandwidth_pct": fmt(100 * r.CHAPTER_BANDWIDTH_EFFICIENCY),
-               "cpu_scale": fmt(explore.CPU_SHAPE_SCALE),
-               "cpu_summary_prompt": fmt(workloads.WORKLOADS["summarisation"].prompt_tokens / explore.CPU_SHAPE_SCALE),
+               "cpu_scale": fmt(sizes.CPU_SHAPE_SCALE),
+               "cpu_summary_prompt": fmt(workloads.WORKLOADS["summarisation"].prompt_tokens / sizes.CPU_SHAPE_SCALE),
                "crossover_cpu": fmt(r.crossover_tokens(_model("lab-cpu"), r.KERNEL)),
                "crossover_8b": fmt(r.crossover_tokens(model, r.KERNEL)),
                "classification_75_batch": fmt(workloads.batch_for_prefill_share(model, h100, "classification", 0.75)),

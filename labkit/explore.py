@@ -8,15 +8,43 @@ from __future__ import annotations
 
 import math
 
+from . import batching, workloads
 from . import roofline as r
 from .specs import HardwareSpec, ModelSpec
 from .units import format_seconds
 
 
+# ---- every lesson: grids, measured points and what to say about them
 def log_grid(low: float, high: float, points: int = 64) -> list[float]:
     """`points` values spaced evenly in log between `low` and `high` (inclusive)."""
     step = (math.log10(high) - math.log10(low)) / (points - 1)
     return [10 ** (math.log10(low) + i * step) for i in range(points)]
+
+
+def spread(low: int, high: int, step: int, count: int) -> list[int]:
+    """`count` values from `low` to `high`, evenly spaced and snapped to the slider's `step`."""
+    if count < 2:
+        return [high]
+    return sorted({low + round((high - low) * i / (count - 1) / step) * step for i in range(count)})
+
+
+def measured_series(records: list[dict], x_key: str) -> dict:
+    """Measured points sorted by `x_key`, with predicted time and residual (measured / predicted - 1).
+    Noisy points (spread above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
+    rows = sorted(records, key=lambda rec: rec[x_key])
+    series = {"x": [], "time_s": [], "predicted_time_s": [], "residual": [], "noisy": [],
+              "spread": [], "label": []}
+    for rec in rows:
+        series["x"].append(rec[x_key])
+        series["time_s"].append(rec["time_s"])
+        series["predicted_time_s"].append(rec["predicted_time_s"])
+        series["residual"].append(rec["time_s"] / rec["predicted_time_s"] - 1)
+        series["noisy"].append(bool(rec.get("noisy", False)))
+        series["spread"].append(rec.get("spread", 0.0))
+        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {rec.get('bound', '')}-bound, "
+                               f"spread {rec.get('spread', 0.0):.0%} over {rec.get('samples', 1)} calls"
+                               + (" (noisy)" if rec.get("noisy") else ""))
+    return series
 
 
 def above_roof_note(fraction: float) -> str | None:
@@ -59,6 +87,29 @@ def point_summary(point: dict) -> str:
     return "; ".join(p for p in parts if p) + "".join(f" — {note}" for note in point_notes(point))
 
 
+def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", include_dry_runs: bool = False,
+                    **where) -> list[dict]:
+    """Each recording's measured points (skipped or failed steps left out) as one series,
+    labelled with the hardware and date it was recorded on, with which points were host-bound
+    (the GPU waited on Python's launches: the host's rate, not the GPU's). `where` keeps only points whose
+    fields equal the given values (model="llama-3.1-8b", cache_dtype="bf16", ...). Dry runs
+    (toy sizes on a CPU) are left out unless `include_dry_runs`."""
+    series = []
+    for rec in recordings:
+        if rec.get("dry_run") and not include_dry_runs:
+            continue
+        points = sorted((p for p in rec.get("points", []) if y_key in p and x_key in p
+                         and all(p.get(k) == v for k, v in where.items())), key=lambda p: p[x_key])
+        if points:
+            prov = rec["provenance"]
+            label = f"recorded: {prov.get('device_name') or prov['device']}, {str(prov['date'])[:10]}"
+            series.append({"label": label, "x": [p[x_key] for p in points], "y": [p[y_key] for p in points],
+                           "host_bound": [bool(p.get("host_bound")) for p in points],
+                           "device": prov["device"], "path": rec.get("_path")})
+    return series
+
+
+# ---- lesson 01: the two phases on a roofline
 def roofline_curve(hardware: HardwareSpec, dtype: str = "bf16", low: float = 0.1,
                    high: float = 1e5) -> dict:
     """The roof: attainable FLOP/s = min(peak, intensity x bandwidth) over an intensity grid."""
@@ -102,40 +153,6 @@ def decode_prediction(model: ModelSpec, hardware: HardwareSpec, batches: list[in
     return {"batch": list(batches),
             "predicted_time_s": [r.predicted_decode_step_s(model, b, context_tokens, hardware, dtype,
                                                            cache_dtype, counting) for b in batches]}
-
-
-def measured_series(records: list[dict], x_key: str) -> dict:
-    """Measured points sorted by `x_key`, with predicted time and residual (measured / predicted - 1).
-    Noisy points (spread above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
-    rows = sorted(records, key=lambda rec: rec[x_key])
-    series = {"x": [], "time_s": [], "predicted_time_s": [], "residual": [], "noisy": [],
-              "spread": [], "label": []}
-    for rec in rows:
-        series["x"].append(rec[x_key])
-        series["time_s"].append(rec["time_s"])
-        series["predicted_time_s"].append(rec["predicted_time_s"])
-        series["residual"].append(rec["time_s"] / rec["predicted_time_s"] - 1)
-        series["noisy"].append(bool(rec.get("noisy", False)))
-        series["spread"].append(rec.get("spread", 0.0))
-        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {rec.get('bound', '')}-bound, "
-                               f"spread {rec.get('spread', 0.0):.0%} over {rec.get('samples', 1)} calls"
-                               + (" (noisy)" if rec.get("noisy") else ""))
-    return series
-
-
-# The model and slider ranges each device gets: on a CPU the lab's small model, sized so the
-# phenomena fall inside these ranges in about 2 s a point; on a GPU the chapter's Llama 3.1 8B.
-LAB_SETTINGS = {
-    "cpu": {"model": "lab-cpu", "dtype": "fp32", "cache_dtype": "fp32",
-            "prompt": (64, 4096, 64, 1024), "batch": (1, 64, 1, 1), "context": (0, 8192, 256, 1024)},
-    "cuda": {"model": "llama-3.1-8b", "dtype": "bf16", "cache_dtype": "bf16",
-             "prompt": (128, 32768, 128, 2048), "batch": (1, 256, 1, 1), "context": (0, 131072, 1024, 8192)},
-}
-
-
-def lab_settings(device: str) -> dict:
-    """Model, dtypes and (low, high, step, default) slider ranges for `device` ("cpu" | "cuda")."""
-    return LAB_SETTINGS[device]
 
 
 # ---- lesson 02: prefill's two terms
@@ -212,28 +229,6 @@ def growth_line(g: dict, x_name: str = "P") -> str:
             f"{g['linear_only_ratio']:.1f}× without{noisy}.")
 
 
-def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", include_dry_runs: bool = False,
-                    **where) -> list[dict]:
-    """Each recording's measured points (skipped or failed steps left out) as one series,
-    labelled with the hardware and date it was recorded on, with which points were host-bound
-    (the GPU waited on Python's launches: the host's rate, not the GPU's). `where` keeps only points whose
-    fields equal the given values (model="llama-3.1-8b", cache_dtype="bf16", ...). Dry runs
-    (toy sizes on a CPU) are left out unless `include_dry_runs`."""
-    series = []
-    for rec in recordings:
-        if rec.get("dry_run") and not include_dry_runs:
-            continue
-        points = sorted((p for p in rec.get("points", []) if y_key in p and x_key in p
-                         and all(p.get(k) == v for k, v in where.items())), key=lambda p: p[x_key])
-        if points:
-            prov = rec["provenance"]
-            label = f"recorded: {prov.get('device_name') or prov['device']}, {str(prov['date'])[:10]}"
-            series.append({"label": label, "x": [p[x_key] for p in points], "y": [p[y_key] for p in points],
-                           "host_bound": [bool(p.get("host_bound")) for p in points],
-                           "device": prov["device"], "path": rec.get("_path")})
-    return series
-
-
 # ---- lesson 03: FlashAttention
 def attention_traffic(prompts: list[int], heads: int, kv_heads: int, head_dim: int, dtype: str = "bf16",
                       block_m: int = 128, score_dtype: str = "bf16") -> dict:
@@ -261,6 +256,15 @@ def memory_series(points: list[dict], heads: int, prompts: list[int]) -> dict:
             "device_name": next((p["device_name"] for p in points if "device_name" in p), "?")}
 
 
+def histogram(values: list[float], bins: int = 40) -> dict:
+    """Counts of `values` in `bins` equal-width bins from 0 to their maximum (for |errors|)."""
+    top = max(values, default=0.0) or 1.0
+    counts = [0] * bins
+    for v in values:
+        counts[min(int(v / top * bins), bins - 1)] += 1
+    return {"centres": [(i + 0.5) * top / bins for i in range(bins)], "counts": counts, "width": top / bins}
+
+
 # ---- lesson 04: decode and the cache read
 def decode_readout(record: dict) -> dict:
     """One `sweeps.measure_decode` record as chart data: step time and tokens/s, measured and
@@ -286,6 +290,23 @@ def cache_share_curves(model: ModelSpec, contexts: list[int], batches: list[int]
     return [{"batch": b, "context_tokens": list(contexts),
              "cache_share": [r.cache_share(model, b, s, weight_dtype, cache_dtype) for s in contexts]}
             for b in batches]
+
+
+def chapter_decode_choices(model: ModelSpec, hardware: HardwareSpec) -> list[dict]:
+    """Three of the chapter's decode figures, each recomputed with the assumption it hides."""
+    eff, weights = r.CHAPTER_BANDWIDTH_EFFICIENCY, r.weight_bytes(model)
+    alone = r.tokens_per_s_per_sequence(r.memory_time_s(weights, hardware, eff))
+    rounded = r.tokens_per_s_per_sequence(r.memory_time_s(round(weights, -9), hardware, eff))
+    bf16, fp8 = r.decode_compute_bound_batch(model, hardware), r.decode_compute_bound_batch(model, hardware, weight_dtype="fp8")
+    return [
+        {"figure": "tokens/s for one user", "assumption": f"{eff:.0%} of {hardware.memory_bandwidth_bytes_per_s / 1e12:.2f} TB/s",
+         "recomputed": f"{alone:.1f} with {weights / 1e9:.2f} GB of weights; {rounded:.1f} with them rounded to {round(weights, -9) / 1e9:.0f} GB"},
+        {"figure": "batch where decode turns compute-bound", "assumption": "8-bit weights, bf16 arithmetic",
+         "recomputed": f"{bf16:.0f} with bf16 weights (the ridge itself); {fp8:.0f} with 8-bit weights"},
+        {"figure": "cache share at 2,000 tokens, batch 1", "assumption": "prefill's attention share",
+         "recomputed": f"decode cache share {r.cache_share(model, 1, 2000):.1%}; "
+                       f"prefill attention share {r.attention_share(model, 2000):.1%}"},
+    ]
 
 
 def throughput_prediction(model: ModelSpec, hardware: HardwareSpec, batches: list[int], context_tokens: int,
@@ -316,59 +337,18 @@ def throughput_series(records: list[dict]) -> dict:
             "device_name": rows[0].get("device_name", rows[0]["device"]) if rows else "?"}
 
 
-def chapter_decode_choices(model: ModelSpec, hardware: HardwareSpec) -> list[dict]:
-    """Three of the chapter's decode figures, each recomputed with the assumption it hides."""
-    eff, weights = r.CHAPTER_BANDWIDTH_EFFICIENCY, r.weight_bytes(model)
-    alone = r.tokens_per_s_per_sequence(r.memory_time_s(weights, hardware, eff))
-    rounded = r.tokens_per_s_per_sequence(r.memory_time_s(round(weights, -9), hardware, eff))
-    bf16, fp8 = r.decode_compute_bound_batch(model, hardware), r.decode_compute_bound_batch(model, hardware, weight_dtype="fp8")
-    return [
-        {"figure": "tokens/s for one user", "assumption": f"{eff:.0%} of {hardware.memory_bandwidth_bytes_per_s / 1e12:.2f} TB/s",
-         "recomputed": f"{alone:.1f} with {weights / 1e9:.2f} GB of weights; {rounded:.1f} with them rounded to {round(weights, -9) / 1e9:.0f} GB"},
-        {"figure": "batch where decode turns compute-bound", "assumption": "8-bit weights, bf16 arithmetic",
-         "recomputed": f"{bf16:.0f} with bf16 weights (the ridge itself); {fp8:.0f} with 8-bit weights"},
-        {"figure": "cache share at 2,000 tokens, batch 1", "assumption": "prefill's attention share",
-         "recomputed": f"decode cache share {r.cache_share(model, 1, 2000):.1%}; "
-                       f"prefill attention share {r.attention_share(model, 2000):.1%}"},
-    ]
+def context_prediction(model: ModelSpec, hardware: HardwareSpec, contexts: list[int], batch: int, dtype: str,
+                       cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
+    """Predicted decode step time at each context length for a fixed batch."""
+    return {"context_tokens": list(contexts),
+            "predicted_time_s": [r.predicted_decode_step_s(model, batch, s, hardware, dtype, cache_dtype, counting)
+                                 for s in contexts]}
 
 
-# ---- lesson 05: static vs continuous batching on measured step times
-def chapter_mix(copies: int = 8, seed: int = 0, prompt_scale: int = 1):
-    """The chapter's six workload shapes, `copies` requests of each, shuffled, all waiting at t = 0:
-    rows of (arrival_s, prompt_tokens, output_tokens) for `labkit.batching`. Prompts are divided
-    by `prompt_scale` (`CPU_SHAPE_SCALE` keeps them inside the CPU model's measured contexts)."""
-    import numpy as np
-
-    from . import workloads
-    shapes = [(max(1, round(w.prompt_tokens / prompt_scale)), w.output_tokens)
-              for w in workloads.WORKLOADS.values()] * copies
-    rows = np.array([(0.0, p, n) for p, n in shapes], dtype=float)
-    return rows[np.random.default_rng(seed).permutation(len(rows))]
-
-
-def trace_requests(trace_dir, name: str, n: int, seed: int = 0):
-    """The first `n` requests of the Azure trace CSV `name` ("conv" | "code") under `trace_dir`,
-    or, when that file is not there, `n` requests drawn from the committed summary's histograms.
-    Returns (traces.Trace, a sentence saying which)."""
-    from pathlib import Path
-
-    from . import traces
-    path = Path(trace_dir) / f"AzureLLMInferenceTrace_{name}.csv"
-    if path.is_file():
-        trace = traces.load_trace(path)
-        first = traces.Trace(trace.prompt_tokens[:n], trace.output_tokens[:n], trace.arrival_s[:n], trace.source,
-                             trace.start_timestamp)
-        return first, f"{name}: the first {len(first):,} requests of {path.name} (real arrivals and lengths)"
-    sample = traces.sample_requests(traces.load_summary(name), n, seed)
-    return sample, (f"{name}: {path} not found, so {n:,} requests were {traces.SAMPLED_LABEL} "
-                    f"(committed figures in data/azure-llm-inference-2023/; lengths drawn independently)")
-
-
+# ---- lesson 05: static vs continuous batching
 def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_s=None) -> dict:
     """Static and continuous batching on each request set: slot utilisation (%) and output
     throughput (tokens/s), as bar-chart lists in the order of `request_sets`."""
-    from . import batching
     bars = {"sets": list(request_sets), "max_batch": max_batch}
     for policy in ("static", "continuous"):
         bars[policy] = {"utilisation_pct": [], "tokens_per_s": [], "ttft_p50_s": []}
@@ -381,32 +361,15 @@ def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_
     return bars
 
 
-def gpu_decode_points(directory) -> tuple[list[dict], str]:
-    """Decode points of the newest GPU recording in `directory` (a gpu_check output), and a label
-    naming its hardware and date; ([], why not) when there is none."""
-    from pathlib import Path
-
-    from . import recordings
-    if not Path(directory).is_dir():
-        return [], f"no recordings folder at {directory}"
-    found = [rec for rec in recordings.load_recordings(directory, phase="decode")
-             if rec["provenance"].get("device") == "cuda" and rec.get("points")]
-    if not found:
-        return [], f"no GPU decode recording in {directory} yet (run `make gpu-check` on a GPU machine)"
-    newest = max(found, key=lambda rec: rec["provenance"]["date"])
-    timed = [p for p in newest["points"] if "time_s" in p]  # refused points carry "skipped" instead
-    dtype = "bf16" if any(p.get("cache_dtype") == "bf16" for p in timed) else (timed or [{}])[0].get("cache_dtype")
-    # gpu_check measures its batches at one context (and batch 1 at others): keep that row, a grid
-    # `batching.step_time_from_records` can read; the cache term is then held at that context.
-    contexts = [p["context_tokens"] for p in timed if p.get("cache_dtype") == dtype]
-    if not contexts:
-        return [], f"the newest GPU decode recording in {directory} has no timed points"
-    context = max(set(contexts), key=contexts.count)
-    points = [{**p, "device": "cuda", "device_name": newest["provenance"].get("device_name", "cuda")}
-              for p in timed if p.get("cache_dtype") == dtype and p["context_tokens"] == context]
-    label = (f"{newest['provenance'].get('device_name', 'GPU')}, recorded {newest['provenance']['date'][:10]}, "
-             f"{dtype} cache at {context:,} tokens")
-    return points, label
+def step_time_curves(records: list[dict], step_time_s, context_tokens: int, name: str) -> list[dict]:
+    """Measured decode points at `context_tokens` per sequence (markers) and the interpolated
+    step time through them (a line), against batch, for `views.step_time_figure`."""
+    points = sorted((rec["batch"], rec["time_s"]) for rec in records if rec["context_tokens"] == context_tokens)
+    batches = list(range(1, 2 * max(b for b, _ in points) + 1))
+    line = [float(step_time_s(b, b * context_tokens)) for b in batches]
+    return [{"name": f"{name}: measured, {context_tokens:,} tokens each", "batch": [b for b, _ in points],
+             "time_s": [t for _, t in points], "mode": "markers"},
+            {"name": f"{name}: interpolated (extended past the last batch)", "batch": batches, "time_s": line}]
 
 
 # ---- lesson 06: a long prefill among decoding streams
@@ -431,17 +394,23 @@ def interference_bars(timelines: list) -> dict:
             "prefill_compute_ms": [1e3 * s["prefill_compute_s"] for s in rows]}
 
 
+def interference_rows(timelines: list) -> list[dict]:
+    """One table row per `interference.Timeline`: the streams' gaps and the prompt's prefill, in ms."""
+    rows = []
+    for t in timelines:
+        s = t.summary()
+        rows.append({"run": interference_series(t)["name"], "device": s["device_name"],
+                     "undisturbed gap (ms)": f"{1e3 * s['itl_undisturbed_s']:,.0f}",
+                     "p99 gap (ms)": f"{1e3 * s['itl_p99_s']:,.0f}", "worst gap (ms)": f"{1e3 * s['itl_max_s']:,.0f}",
+                     "prefill, arrival to last chunk (ms)": f"{1e3 * s['prefill_wall_s']:,.0f}",
+                     "chunks alone (ms)": f"{1e3 * s['prefill_compute_s']:,.0f}"})
+    return rows
+
+
 # ---- lesson 07: where a request's time goes, by workload shape
-# On the CPU the chapter's shapes are divided by this factor, prompts and outputs alike: the
-# summarisation prompt (60,000) becomes 7,500, inside lab-cpu's 8,192-token context and past its
-# attention crossover (~3,075 tokens, kernel counting) as 60,000 is past the 8B's (~53,247).
-CPU_SHAPE_SCALE = 8
-
-
 def scaled_shapes(scale: int = 1) -> list[dict]:
     """The chapter's shapes with prompt and output divided by `scale` (outputs at least 2, so
     every shape keeps a decode phase), in the chapter's order."""
-    from . import workloads
     return [{"name": w.name, "title": w.title, "steps": w.steps,
              "prompt_tokens": max(1, round(w.prompt_tokens / scale)),
              "output_tokens": max(2, round(w.output_tokens / scale))} for w in workloads.WORKLOADS.values()]
@@ -450,7 +419,6 @@ def scaled_shapes(scale: int = 1) -> list[dict]:
 def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dict:
     """`workloads.request_time_split` for every shape on `hardware` at `batch`: shares (%) and
     per-request times, as bar-chart lists."""
-    from . import workloads
     rows = workloads.time_split_table(model, hardware, batch)
     return {"titles": [workloads.get_workload(row["workload"]).title for row in rows],
             "prefill_pct": [100 * row["prefill_share"] for row in rows],
@@ -500,68 +468,6 @@ def split_extremes_line(split: dict) -> str:
 
 def lever_rows() -> list[dict]:
     """Each shape's levers and the lab's advice (from `workloads`), for a table."""
-    from . import workloads
     return [{"workload": w.title, "prompt / output": f"{w.prompt_tokens:,} / {w.output_tokens:,}"
              + (f" × {w.steps} steps" if w.steps > 1 else ""), "levers": ", ".join(w.levers), "why": w.helps}
             for w in workloads.WORKLOADS.values()]
-
-
-# ---- lesson 02 (continued)
-def spread(low: int, high: int, step: int, count: int) -> list[int]:
-    """`count` values from `low` to `high`, evenly spaced and snapped to the slider's `step`."""
-    if count < 2:
-        return [high]
-    return sorted({low + round((high - low) * i / (count - 1) / step) * step for i in range(count)})
-
-
-# ---- lesson 05 (continued): step-time curves and a saturated server
-def as_backlog(rows):
-    """The same requests, all waiting at t = 0: a saturated server, where throughput is capacity."""
-    import numpy as np
-    rows = np.array(rows, dtype=float)
-    rows[:, 0] = 0.0
-    return rows
-
-
-def step_time_curves(records: list[dict], step_time_s, context_tokens: int, name: str) -> list[dict]:
-    """Measured decode points at `context_tokens` per sequence (markers) and the interpolated
-    step time through them (a line), against batch, for `views.step_time_figure`."""
-    points = sorted((rec["batch"], rec["time_s"]) for rec in records if rec["context_tokens"] == context_tokens)
-    batches = list(range(1, 2 * max(b for b, _ in points) + 1))
-    line = [float(step_time_s(b, b * context_tokens)) for b in batches]
-    return [{"name": f"{name}: measured, {context_tokens:,} tokens each", "batch": [b for b, _ in points],
-             "time_s": [t for _, t in points], "mode": "markers"},
-            {"name": f"{name}: interpolated (extended past the last batch)", "batch": batches, "time_s": line}]
-
-
-# ---- lesson 06 (continued)
-def interference_rows(timelines: list) -> list[dict]:
-    """One table row per `interference.Timeline`: the streams' gaps and the prompt's prefill, in ms."""
-    rows = []
-    for t in timelines:
-        s = t.summary()
-        rows.append({"run": interference_series(t)["name"], "device": s["device_name"],
-                     "undisturbed gap (ms)": f"{1e3 * s['itl_undisturbed_s']:,.0f}",
-                     "p99 gap (ms)": f"{1e3 * s['itl_p99_s']:,.0f}", "worst gap (ms)": f"{1e3 * s['itl_max_s']:,.0f}",
-                     "prefill, arrival to last chunk (ms)": f"{1e3 * s['prefill_wall_s']:,.0f}",
-                     "chunks alone (ms)": f"{1e3 * s['prefill_compute_s']:,.0f}"})
-    return rows
-
-
-# ---- lesson 04 (continued)
-def context_prediction(model: ModelSpec, hardware: HardwareSpec, contexts: list[int], batch: int, dtype: str,
-                       cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
-    """Predicted decode step time at each context length for a fixed batch."""
-    return {"context_tokens": list(contexts),
-            "predicted_time_s": [r.predicted_decode_step_s(model, batch, s, hardware, dtype, cache_dtype, counting)
-                                 for s in contexts]}
-
-
-# ---- lesson 03 (continued)
-def histogram(values: list[float], bins: int = 40) -> dict:
-    """Counts of `values` in `bins` equal-width bins from 0 to their maximum (for |errors|)."""
-    top = max(values, default=0.0) or 1.0
-    counts = [0] * bins
-    for v in values:
-        counts[min(int(v / top * bins), bins - 1)] += 1
-    return {"centres": [(i + 0.5) * top / bins for i in range(bins)], "counts": counts, "width": top / bins}

@@ -212,3 +212,28 @@ def _check_record(record) -> None:
     missing = [key for key in REQUIRED_PROVENANCE if key not in record["provenance"]]
     if missing:
         raise LabError(f"provenance lacks {', '.join(missing)}")
+
+
+def gpu_decode_points(directory) -> tuple[list[dict], str]:
+    """Decode points of the newest GPU recording in `directory` (a gpu_check output), and a label
+    naming its hardware and date; ([], why not) when there is none."""
+    if not Path(directory).is_dir():
+        return [], f"no recordings folder at {directory}"
+    found = [rec for rec in load_recordings(directory, phase="decode")
+             if rec["provenance"].get("device") == "cuda" and rec.get("points")]
+    if not found:
+        return [], f"no GPU decode recording in {directory} yet (run `make gpu-check` on a GPU machine)"
+    newest = max(found, key=lambda rec: rec["provenance"]["date"])
+    timed = [p for p in newest["points"] if "time_s" in p]  # refused points carry "skipped" instead
+    dtype = "bf16" if any(p.get("cache_dtype") == "bf16" for p in timed) else (timed or [{}])[0].get("cache_dtype")
+    # gpu_check measures its batches at one context (and batch 1 at others): keep that row, a grid
+    # `batching.step_time_from_records` can read; the cache term is then held at that context.
+    contexts = [p["context_tokens"] for p in timed if p.get("cache_dtype") == dtype]
+    if not contexts:
+        return [], f"the newest GPU decode recording in {directory} has no timed points"
+    context = max(set(contexts), key=contexts.count)
+    points = [{**p, "device": "cuda", "device_name": newest["provenance"].get("device_name", "cuda")}
+              for p in timed if p.get("cache_dtype") == dtype and p["context_tokens"] == context]
+    label = (f"{newest['provenance'].get('device_name', 'GPU')}, recorded {newest['provenance']['date'][:10]}, "
+             f"{dtype} cache at {context:,} tokens")
+    return points, label

@@ -203,3 +203,18 @@ def _draw_lengths(rng: np.random.Generator, histogram: dict, n: int) -> np.ndarr
     log_low = np.log(np.maximum(low, 1))
     drawn = np.floor(np.exp(log_low + rng.random(n) * (np.log(high) - log_low)))
     return np.clip(drawn, low, high - 1).astype(np.int64)
+
+
+def first_or_sampled(trace_dir, name: str, n: int, seed: int = 0):
+    """The first `n` requests of the Azure trace CSV `name` ("conv" | "code") under `trace_dir`,
+    or, when that file is not there, `n` requests drawn from the committed summary's histograms.
+    Returns (Trace, a sentence saying which)."""
+    path = Path(trace_dir) / f"AzureLLMInferenceTrace_{name}.csv"
+    if path.is_file():
+        trace = load_trace(path)
+        first = Trace(trace.prompt_tokens[:n], trace.output_tokens[:n], trace.arrival_s[:n], trace.source,
+                             trace.start_timestamp)
+        return first, f"{name}: the first {len(first):,} requests of {path.name} (real arrivals and lengths)"
+    sample = sample_requests(load_summary(name), n, seed)
+    return sample, (f"{name}: {path} not found, so {n:,} requests were {SAMPLED_LABEL} "
+                    f"(committed figures in data/azure-llm-inference-2023/; lengths drawn independently)")

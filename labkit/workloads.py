@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import roofline as r
 from .errors import SpecError
 from .roofline import CHAPTER, CHAPTER_BANDWIDTH_EFFICIENCY, CHAPTER_MFU, Counting
@@ -187,3 +189,13 @@ def batch_for_prefill_share(model: ModelSpec, hardware: HardwareSpec, workload, 
         middle = (low + high) // 2
         low, high = (low, middle) if reaches(middle) else (middle, high)
     return high
+
+
+def chapter_mix(copies: int = 8, seed: int = 0, prompt_scale: int = 1):
+    """The chapter's six workload shapes, `copies` requests of each, shuffled, all waiting at t = 0:
+    rows of (arrival_s, prompt_tokens, output_tokens) for `labkit.batching`. Prompts are divided
+    by `prompt_scale` (`sizes.CPU_SHAPE_SCALE` keeps them inside the CPU model's measured contexts)."""
+    shapes = [(max(1, round(w.prompt_tokens / prompt_scale)), w.output_tokens)
+              for w in WORKLOADS.values()] * copies
+    rows = np.array([(0.0, p, n) for p, n in shapes], dtype=float)
+    return rows[np.random.default_rng(seed).permutation(len(rows))]

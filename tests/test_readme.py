@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from labkit import roofline
-from labkit.explore import lab_settings
+from labkit.sizes import lab_settings
 from labkit.specs import get_model
 
 README = (Path(__file__).parent.parent / "README.md").read_text()

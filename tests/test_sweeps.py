@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from labkit import calibrate, explore, roofline, sweeps
+from labkit import calibrate, explore, roofline, sizes, sweeps
 from labkit.roofline import KERNEL
 from labkit.specs import HardwareSpec, get_model
 
@@ -81,7 +81,7 @@ def test_a_new_model_is_warmed_up_once_and_left_empty(monkeypatch):
 
 
 # ------------------------------------------------------------------ lab-cpu phenomena, by formula
-CPU = explore.lab_settings("cpu")
+CPU = sizes.lab_settings("cpu")
 LAB_CPU = get_model(CPU["model"])
 
 

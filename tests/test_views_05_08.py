@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
 
-from labkit import explore, interference, views, workloads  # noqa: E402
+from labkit import batching, explore, interference, recordings, sizes, traces, views, workloads  # noqa: E402
 from labkit.specs import get_gpu, get_model  # noqa: E402
 
 
@@ -16,18 +16,18 @@ def affine(batch, tokens):
 
 
 def test_trace_requests_falls_back_to_the_committed_figures_and_says_so(tmp_path):
-    trace, note = explore.trace_requests(tmp_path, "conv", 50)
+    trace, note = traces.first_or_sampled(tmp_path, "conv", 50)
     assert len(trace) == 50 and "not found" in note and "histograms" in note
 
 
 def test_no_gpu_recording_is_reported_not_raised(tmp_path):
-    assert explore.gpu_decode_points(tmp_path / "missing") == ([], f"no recordings folder at {tmp_path / 'missing'}")
-    points, why = explore.gpu_decode_points(tmp_path)
+    assert recordings.gpu_decode_points(tmp_path / "missing") == ([], f"no recordings folder at {tmp_path / 'missing'}")
+    points, why = recordings.gpu_decode_points(tmp_path)
     assert points == [] and "no GPU decode recording" in why
 
 
 def test_batching_lab_redraws_on_release():
-    sets = {"mix": explore.chapter_mix(2, prompt_scale=8), "backlog": explore.as_backlog(explore.chapter_mix(1))}
+    sets = {"mix": workloads.chapter_mix(2, prompt_scale=8), "backlog": batching.as_backlog(workloads.chapter_mix(1))}
     lab = views.BatchingLab(partial(explore.batching_bars, sets, step_time_s=affine), 4, 1, 32, "t")
     before = list(lab.figure.data[0].y)
     lab.slider.value = 12
@@ -62,6 +62,6 @@ def test_chunk_lab_reruns_the_chunked_timeline():
 
 
 def test_scaled_shapes_keep_a_decode_phase_and_fit_the_cpu_model():
-    shapes = explore.scaled_shapes(explore.CPU_SHAPE_SCALE)
+    shapes = explore.scaled_shapes(sizes.CPU_SHAPE_SCALE)
     limit = get_model("lab-cpu").max_context
     assert all(s["output_tokens"] >= 2 and s["prompt_tokens"] + s["output_tokens"] <= limit for s in shapes)
