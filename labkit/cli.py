@@ -5,8 +5,10 @@
     python -m labkit gpus | models | calibrate [--refresh] | measure prefill|decode
 
 Every number comes from `labkit.roofline` (predict), `labkit.calibrate` or `labkit.sweeps`
-(measure); this module only parses, validates and prints. `--json` prints one JSON object on
-one line, SI units, units in the keys. Bad input prints one line on stderr and exits with 2.
+(measure); this module only parses, validates and prints: rates and times as labkit.units writes
+them for the charts too, arguments through labkit.cli_args (shared with the GPU check). `--json`
+prints one JSON object on one line, SI units, units in the keys. Bad input prints one line on
+stderr and exits with 2.
 torch is imported only by the commands that need it, so `predict` answers without loading it.
 """
 from __future__ import annotations
@@ -17,21 +19,14 @@ import os
 import sys
 
 from . import roofline
+from .cli_args import Parser, UsageError
 from .errors import LabError, SpecError
 from .specs import DTYPES, GPUS, MODELS, get_gpu, get_model
+from .units import format_rate, format_seconds
 
 MAX_BATCH = 4096
 COUNTINGS = {"chapter": roofline.CHAPTER, "kernel": roofline.KERNEL}
 THIS = "this"  # --gpu this: the calibrated roofline of this machine
-
-
-class _UsageError(Exception):
-    """argparse's complaint, turned into the same one-line error as everything else."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse would print the usage too; one line is the contract
-        raise _UsageError(message)
 
 
 # ---------------------------------------------------------------- predict
@@ -228,15 +223,15 @@ def _display(key: str, value) -> str:
         return f"{value:,.1f} FLOP/byte"
     for rate, unit in (("_bytes_per_s", "B/s"), ("_flops_per_s", "FLOP/s"), ("_ops_per_s", "OP/s")):
         if key.endswith(rate):
-            return _si(value, unit)
+            return format_rate(value, unit)
     if key.endswith("_per_s") or "_per_s_" in key:  # tokens per second (per sequence)
         return f"{value:,.1f}"
     if "bytes" in words:
         return _binary(value)
     if "flops" in words:
-        return _si(value, "FLOP")
+        return format_rate(value, "FLOP")
     if key.endswith("_s"):
-        return _seconds(value)
+        return format_seconds(value)
     if key.endswith(("share", "fraction")):
         return f"{value:.1%}"
     if isinstance(value, int) or abs(value) >= 1000:
@@ -244,24 +239,11 @@ def _display(key: str, value) -> str:
     return f"{value:.4g}"
 
 
-def _si(value: float, unit: str) -> str:
-    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:,.2f} {prefix}{unit}"
-    return f"{value:,.2f} {unit}"
-
-
 def _binary(value: float) -> str:
     for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(value) >= scale:
             return f"{value / scale:,.2f} {unit}"
     return f"{value:,.0f} B"
-
-
-def _seconds(value: float) -> str:
-    if abs(value) >= 1:
-        return f"{value:,.2f} s"
-    return f"{value * 1e3:,.3f} ms" if abs(value) >= 1e-3 else f"{value * 1e6:,.2f} µs"
 
 
 def _label(key: str) -> str:
@@ -304,10 +286,10 @@ def _print_human(command: str, result: dict):
 
 # ---------------------------------------------------------------- the parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m labkit", description="Prefill vs decode: roofline predictions and measurements.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    parser = Parser(prog="python -m labkit", description="Prefill vs decode: roofline predictions and measurements.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     predict = commands.add_parser("predict", help="the roofline's prediction for a prefill or a decode step")
-    phases = predict.add_subparsers(dest="phase", required=True, metavar="PHASE", parser_class=_Parser)
+    phases = predict.add_subparsers(dest="phase", required=True, metavar="PHASE", parser_class=Parser)
     for name, handler, help_text in (("prefill", predict_prefill, "one prefill pass"),
                                      ("decode", predict_decode, "one decode step")):
         sub = phases.add_parser(name, help=help_text)
@@ -365,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result = args.handler(args)
-    except (_UsageError, LabError, ValueError) as err:
+    except (UsageError, LabError, ValueError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as stop:  # --help
