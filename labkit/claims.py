@@ -7,8 +7,10 @@ lesson's sentence becomes false, and `make test` fails.
 """
 from __future__ import annotations
 
+import re
+
+from . import batching, quiz, sizes, timing, traces, workloads
 from . import roofline as r
-from . import sizes, timing, workloads
 from .specs import get_gpu, get_model
 
 
@@ -132,7 +134,6 @@ def lesson_06() -> dict[str, str]:
 
 def lesson_05() -> dict[str, str]:
     """Static vs continuous batching: the mean/max estimate on the chapter's shapes and the trace."""
-    from . import batching, traces, workloads
     outputs = [w.output_tokens for w in workloads.WORKLOADS.values()]
     figures = {"mix_mean": fmt(sum(outputs) / len(outputs)), "mix_max": fmt(max(outputs)),
                "mix_util_pct": fmt(100 * batching.static_utilisation_estimate(outputs))}
@@ -145,16 +146,13 @@ def lesson_05() -> dict[str, str]:
 
 def lesson_07() -> dict[str, str]:
     """Workload shapes: the six shapes, their predicted shares on an H100, the CPU scaling."""
-    import re
-
-    from .specs import get_model as _model
     model, h100, _ = _chapter_setting()
     figures = {"agent_steps": fmt(workloads.AGENT_STEPS), "pushed_batch": fmt(workloads.PUSHED_BATCH),
                "chapter_batch": fmt(workloads.CHAPTER_BATCH), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
                "bandwidth_pct": fmt(100 * r.CHAPTER_BANDWIDTH_EFFICIENCY),
                "cpu_scale": fmt(sizes.CPU_SHAPE_SCALE),
                "cpu_summary_prompt": fmt(workloads.WORKLOADS["summarisation"].prompt_tokens / sizes.CPU_SHAPE_SCALE),
-               "crossover_cpu": fmt(r.crossover_tokens(_model("lab-cpu"), r.KERNEL)),
+               "crossover_cpu": fmt(r.crossover_tokens(get_model("lab-cpu"), r.KERNEL)),
                "crossover_8b": fmt(r.crossover_tokens(model, r.KERNEL)),
                "classification_75_batch": fmt(workloads.batch_for_prefill_share(model, h100, "classification", 0.75)),
                "chat_decode_pct": fmt(100 * workloads.request_time_split(model, h100, "chat")["decode_share"]),
@@ -171,7 +169,6 @@ def lesson_07() -> dict[str, str]:
 
 def lesson_08() -> dict[str, str]:
     """Check yourself: the inputs the questions state (the answers are labkit's, not in the prose)."""
-    from . import quiz
     _, h100, _ = _chapter_setting()
     return {"h100_peak_tflops": fmt(h100.bf16_flops_per_s / 1e12),
             "h100_bandwidth_tb_per_s": fmt(h100.memory_bandwidth_bytes_per_s / 1e12, 2),
