@@ -1,4 +1,6 @@
 """labkit.gpu_check: the dry run end to end (recordings, provenance, no overwriting) and its CLI errors.
+(Its formulas are tested in test_roofline.py, its device-name presets in test_specs.py and its
+tolerances in test_kernels_tolerances.py.)
 
 The dry run is run as the Makefile runs it, in a subprocess: TRITON_INTERPRET must be set before
 triton is imported, and the command's exit code and output are part of what is checked.
@@ -13,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import gpu_check as gc
-from labkit.gpu_check import DRY, NO_GPU, SECTIONS, SHARES, Budget, datasheet_for, decode_attention_bytes
+from labkit.gpu_check import command, run as gc_run
+from labkit.gpu_check.command import NO_GPU
+from labkit.gpu_check.run import DRY, SECTIONS, SHARES, Budget
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"^(?P<section>[a-z_]+)-[a-z0-9-]+-\d{8}-\d{4}(-\d+)?\.json$")
@@ -125,7 +128,7 @@ def test_a_second_run_adds_recordings_and_overwrites_none(dry_run):
 
 def test_out_of_budget_steps_are_recorded_as_skipped(tmp_path, capsys):
     # A budget spent before the first step: every step is skipped, every recording still written.
-    code = gc.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "1e-6", "--only", "correctness,decode_sweep"])
+    code = command.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "1e-6", "--only", "correctness,decode_sweep"])
     assert code == 0
     found = recordings(tmp_path)
     assert sorted(found) == ["correctness", "decode_sweep"]
@@ -141,8 +144,8 @@ def test_out_of_budget_steps_are_recorded_as_skipped(tmp_path, capsys):
 def test_a_section_that_raises_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
     def broken(run):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
-    monkeypatch.setitem(gc.SECTION_FUNCTIONS, "calibration", broken)
-    code = gc.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "1e-6", "--only", "calibration,correctness"])
+    monkeypatch.setitem(command.SECTION_FUNCTIONS, "calibration", broken)
+    code = command.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "1e-6", "--only", "calibration,correctness"])
     assert code == 0
     found = recordings(tmp_path)
     assert found["calibration"][0]["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
@@ -154,25 +157,26 @@ def test_a_section_that_raises_is_recorded_and_the_next_still_runs(tmp_path, mon
 def test_each_finished_step_is_on_disk_before_its_section_ends(tmp_path):
     """A run killed mid-section keeps the steps it finished (the .partial.jsonl); the section's
     recording replaces the partial log when the section ends."""
-    args = gc.parse_args(["--out", str(tmp_path), "--dry-run"])
-    run = gc.Run(args, "cpu", "fp16", DRY, Budget(60, SECTIONS), None)
+    args = command.parse_args(["--out", str(tmp_path), "--dry-run"])
+    run = gc_run.Run(args, "cpu", "fp16", DRY, Budget(60, SECTIONS), None)
     run.budget.section = "kernels"
-    partial = Path(gc.partial_path(run, "kernels"))
+    partial = Path(gc_run.partial_path(run, "kernels"))
     seen = []
-    results = gc.run_steps(run, [("first", lambda: {"value": 1}),
+    results = gc_run.run_steps(run, [("first", lambda: {"value": 1}),
                                  ("second", lambda: seen.append(partial.read_text().splitlines()) or 1 / 0)])
     assert [json.loads(line) for line in seen[0]] == [{"step": "first", "value": 1}]  # on disk before "second"
     lines = [json.loads(line) for line in partial.read_text().splitlines()]
     assert lines == results and lines[1]["error"] == "ZeroDivisionError: division by zero"
-    gc.write_section(run, "kernels", {"timings": results})
+    gc_run.write_section(run, "kernels", {"timings": results})
     assert not partial.exists() and recordings(tmp_path)["kernels"][0]["timings"] == results
 
 
 @pytest.mark.slow
 def test_a_failed_check_exits_1_and_is_recorded(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gc, "TOLERANCE", {dtype: (0.0, 0.0) for dtype in gc.TOLERANCE})  # nothing passes
-    monkeypatch.setattr(gc, "QUANTISED_CACHE_TOLERANCE", (0.0, 0.0))
-    assert gc.main(["--out", str(tmp_path), "--dry-run", "--only", "correctness"]) == 1
+    from kernels import tolerances  # the table the correctness section reads: nothing passes at 0
+    monkeypatch.setattr(tolerances, "FLOAT", {dtype: (0.0, 0.0) for dtype in tolerances.FLOAT})
+    monkeypatch.setattr(tolerances, "QUANTISED_CACHE", {dtype: (0.0, 0.0) for dtype in tolerances.QUANTISED_CACHE})
+    assert command.main(["--out", str(tmp_path), "--dry-run", "--only", "correctness"]) == 1
     (record,) = recordings(tmp_path)["correctness"]
     assert record["all_passed"] is False and any(not c["passed"] for c in record["checks"])
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["gpu_check"] == "correctness failed"
@@ -198,26 +202,25 @@ def test_no_gpu_without_dry_run_exits_2(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("name, preset", [
-    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H200", "H200"),
-    ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None), ("NVIDIA GH200 480GB", None),
-    ("NVIDIA L40S", None), ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
-])
-def test_datasheet_is_picked_by_device_name_or_none(name, preset):
-    spec = datasheet_for(name)
-    assert (spec.name if spec else None) == preset
-
-
-def test_decode_attention_bytes_counts_cache_scales_and_q_out():
-    # B=1, H=32, Hkv=8, S=32768, D=128: K+V = 2 * 8 * 32768 * 128 values; q and out 2 * 32 * 128 bf16.
-    values, q_out = 2 * 8 * 32768 * 128, 2 * 32 * 128 * 2
-    assert decode_attention_bytes(1, 32, 8, 32768, 128, "bf16", "bf16") == 2 * values + q_out
-    assert decode_attention_bytes(1, 32, 8, 32768, 128, "fp8", "bf16") == values + 8 + q_out
-    assert decode_attention_bytes(1, 32, 8, 32768, 128, "int8", "bf16") == values + 2 * 8 * 32768 * 4 + q_out
-
-
 def test_budget_passes_unused_time_on():
     budget = Budget(100.0, ("correctness", "kernels"))
     shares = budget.deadline_s["correctness"] - budget.start_s, budget.deadline_s["kernels"] - budget.start_s
     total = SHARES["correctness"] + SHARES["kernels"]
     assert shares[0] == pytest.approx(100 * SHARES["correctness"] / total) and shares[1] == pytest.approx(100.0)
+
+
+def test_importing_the_check_loads_neither_torch_nor_triton():
+    """Bad arguments are answered before torch loads, and the interpreter can still be chosen
+    after the import (triton reads TRITON_INTERPRET when it is imported)."""
+    code = ("import sys, labkit.gpu_check, labkit.gpu_check.command; "
+            "print('torch' in sys.modules, 'triton' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_the_check_imports_no_jupyter_package():
+    """A GPU image has torch, triton and numpy only: the check's modules must not need more."""
+    code = ("import sys; import labkit.gpu_check.command; "
+            "print(sorted(m for m in ('plotly', 'ipywidgets', 'IPython', 'nbformat', 'jupyter_core') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
