@@ -1,11 +1,10 @@
-"""The CPU decode step in numpy: the same layers as `model.Llama.decode_step`, with fewer, cheaper calls.
+"""The CPU decode step in numpy: the same layers as `model.Llama.decode_layers`, with fewer, cheaper calls.
 
 Why it exists: a decode step of the lab's CPU model is 17 small matrix-vector products and ~200
-elementwise operations on vectors of a few hundred numbers. As torch calls each costs 5-20 us of
-dispatch and OpenMP wake-ups, ~4 ms a step, a third of it; as numpy calls the same arithmetic costs
-1-3 us each. Measured in one process, the two steps alternating 30 times (2-core EPYC VM, lab-cpu,
-fp32 cache, 2026-11-29): B=1 S=0 10.7 -> 6.8 ms, B=1 S=1024 13.0 -> 9.8 ms, B=4 S=1024 18.1 ->
-13.6 ms; at B=16 equal (the products dominate).
+elementwise operations on vectors of a few hundred numbers, and each torch call costs far more
+in dispatch and OpenMP wake-ups than a numpy call on the same arrays, so at small batches the
+fixed cost of torch's calls is a large part of the step (at large batches the products dominate
+and the two steps take the same time).
 
 Nothing is copied: the weights are numpy views of the model's tensors. An fp32 cache at equal
 lengths is written and read here through numpy views of its own buffers; over a large cache
@@ -21,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .model import CORES, blas_matmul, on_every_core, rope_inverse_frequencies
+from .cpu_blas import CORES, blas_matmul, on_every_core
 
 ATTENTION_SPLIT_MIN_BYTES = 2 << 20  # K+V a step reads in one layer from which every core attends
 
@@ -39,23 +38,30 @@ def applies(model) -> tuple[bool, str]:
 
 
 class NumpyDecode:
-    """`decode(tokens, positions, max_length, mixed)` for a CPU fp32 `Llama` (see the module
-    docstring); arguments as `Llama.decode_step` computes them."""
+    """A decode path (see `decode_paths`) for a CPU fp32 `Llama`: `step(tokens, cache, plan)`
+    runs the layers as numpy calls on views of the model's weights (see the module docstring)."""
 
-    def __init__(self, model):
-        self.model = model
+    name = "numpy"
+
+    def __init__(self, model, reason: str = "CPU, fp32: numpy decode step"):
+        self.model, self.reason = model, reason
         view = lambda w: w.detach().numpy()  # noqa: E731 — shares memory with the model's tensor
         # [in, out] views of the [out, in] weights: contiguous, as the CPU model stores them
         self.layers = [(view(L.attn_norm), view(L.wqkv).T, view(L.wo).T, view(L.mlp_norm),
                         view(L.w_gate_up).T, view(L.w_down).T) for L in model.layers]
         self.embed, self.norm = view(model.embed), view(model.norm)  # [V, d], [d]
         self.head = view(model.head_weight).T  # [d, V]
-        spec = model.spec
         # the torch step's own fp32 frequencies, so the angles match it bit for bit
-        self.inv_freq = rope_inverse_frequencies(spec.head_dim, spec.rope_theta).numpy()  # [dh/2]
+        self.inv_freq = model.rope_inv_freq.numpy()  # [dh/2]
 
-    def decode(self, tokens, positions, max_length: int, mixed: bool) -> torch.Tensor:
-        model, spec, cache = self.model, self.model.spec, self.model.cache
+    def release(self):
+        """Nothing to drop: the step holds no state tied to a cache."""
+
+    def step(self, tokens, cache, plan) -> torch.Tensor:
+        """tokens [B] -> logits [B, V] fp32, writing each row's K/V into `cache` as `plan` says
+        (`KVCache.decode_plan`); the cache's lengths are the caller's to advance."""
+        model, spec = self.model, self.model.spec
+        positions, max_length, mixed = plan
         B, H, Hkv, dh = tokens.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
         cos, sin = self._rope(at)  # [B or 1, 1, dh]
@@ -112,7 +118,8 @@ class NumpyDecode:
         The work is B * Hkv independent (row, kv head) units, each the G = H / Hkv queries that
         share one kv head. Over a large cache (a layer's K + V >= ATTENTION_SPLIT_MIN_BYTES) the
         units are shared out to every core: numpy loops over stacked products on one thread, and
-        one thread streams only ~7 GB/s here. Below it, one thread: the hand-off costs more."""
+        one thread reads memory at a fraction of what all cores can. Below it, one thread: the
+        hand-off costs more."""
         B, H, dh = q.shape
         Hkv, S = K.shape[1], K.shape[2]
         n, G = B * Hkv, H // Hkv
@@ -134,9 +141,8 @@ def _attend(q, K, V, out):
 
     Both products are written as matrix @ column, K [S, dh] @ q_g [dh, 1] and V^T [dh, S] @ p_g
     [S, 1], so numpy calls BLAS's gemv once per query head: gemv streams K and V at close to the
-    read rate, where the [G, dh] @ [dh, S] gemm form spends its time packing the tiny operand
-    (decode steps 8-18 % faster from S = 4096 on, B = 1..16, in one process with the two forms
-    alternating, 2026-11-29). The G heads of a kv head read it back-to-back, the second from cache."""
+    read rate, where the [G, dh] @ [dh, S] gemm form spends its time packing the tiny operand.
+    The G heads of a kv head read it back-to-back, the second from cache."""
     dh = q.shape[-1]
     scores = np.matmul(K[:, None], (q * np.float32(dh ** -0.5))[..., None])[..., 0]  # [n, G, S]
     scores -= scores.max(axis=-1, keepdims=True)

@@ -6,9 +6,12 @@ users feel when a long prompt arrives?* This module runs it for real on the lab'
     streams      B sequences already decoding, each holding S cached tokens (random K/V, as in
                  `sweeps`: a step's time depends on how much it reads, not on the values)
     long prompt  P tokens for one more request, prefilled into a cache of its own
+                 (both caches share the model's weights: each call names the cache it works on,
+                 as paged attention keeps each sequence's blocks apart)
     timeline     a few decode steps; the prompt arrives; then, until it is prefilled, one chunk
-                 of C tokens (`Llama.prefill_slot(0, tokens[start:start + C], start=start)`)
-                 followed by one decode step for the streams; then a few more decode steps.
+                 of C tokens (`Llama.prefill_slot(0, tokens[start:start + C], long_cache,
+                 start=start)`) followed by one decode step for the streams; then a few more
+                 decode steps.
                  Without chunking C = P: the whole prompt in one pass between two decode steps.
 
 Every decode step's end is a wall-clock timestamp (CUDA: after a synchronize), so the gap
@@ -24,7 +27,6 @@ The long request's own decode after its prefill is not run: only the streams are
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,8 +36,6 @@ import torch
 
 from . import backend, sweeps
 from .errors import LabError
-from .kvcache import KVCache
-from .model import TritonOps
 
 # Sizes per device: a few seconds a run on a 2-core CPU; the chapter's scale on a GPU.
 SETTINGS = {
@@ -109,31 +109,23 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
     stream_tokens = torch.randint(0, built.spec.vocab_size, (streams,), generator=g).to(built.device)
     prompt = torch.randint(0, built.spec.vocab_size, (prompt_tokens,), generator=g).to(built.device)
     line = Timeline(prompt_tokens, chunk, streams, context_tokens, built.spec.name, kind, backend.device_name(kind))
-    saved = built.cache
-    try:
-        with _using(built, stream_cache):
-            built.decode_step(stream_tokens)  # warm-up, untimed
-        with _using(built, long_cache):
-            built.prefill_slot(0, prompt[:min(chunk, WARMUP_TOKENS)], start=0)  # warm-up, overwritten below
-        clock = _Clock(kind)
+    built.decode_step(stream_tokens, stream_cache)  # warm-up, untimed
+    built.prefill_slot(0, prompt[:min(chunk, WARMUP_TOKENS)], long_cache, start=0)  # warm-up, overwritten below
+    clock = _Clock(kind)
 
-        def decode():
-            with _using(built, stream_cache):
-                built.decode_step(stream_tokens)
-            line.decode_end_s.append(clock.now())
+    def decode():
+        built.decode_step(stream_tokens, stream_cache)
+        line.decode_end_s.append(clock.now())
 
-        for _ in range(BEFORE_STEPS):
-            decode()
-        for start in range(0, prompt_tokens, chunk):
-            began = clock.now()
-            with _using(built, long_cache):
-                built.prefill_slot(0, prompt[start:start + chunk], start=start)
-            line.chunk_spans_s.append((began, clock.now()))
-            decode()
-        for _ in range(AFTER_STEPS):
-            decode()
-    finally:
-        built.cache = saved
+    for _ in range(BEFORE_STEPS):
+        decode()
+    for start in range(0, prompt_tokens, chunk):
+        began = clock.now()
+        built.prefill_slot(0, prompt[start:start + chunk], long_cache, start=start)
+        line.chunk_spans_s.append((began, clock.now()))
+        decode()
+    for _ in range(AFTER_STEPS):
+        decode()
     return line
 
 
@@ -145,32 +137,24 @@ def compare(chunk_tokens: int, **sizes) -> dict:
 
 def _caches(built, streams: int, context_tokens: int, capacity: int, prompt_tokens: int):
     """The streams' cache (`capacity` positions a row, the first `context_tokens` filled with
-    random K/V) and the long request's own cache; KVCache checks each fits before allocating."""
-    dtype, triton = built.compute_dtype, built.ops is TritonOps
-    stream_cache = KVCache(built.spec, streams, capacity, dtype, built.device, use_triton=triton)
+    random K/V) and the long request's own cache, in the model's compute dtype; each is
+    refused before allocating if it does not fit. The model's own cache is left alone."""
+    stream_cache = built.make_cache(streams, capacity)
     stream_cache.fill_random(context_tokens)
-    long_cache = KVCache(built.spec, 1, prompt_tokens, dtype, built.device, use_triton=triton)
+    long_cache = built.make_cache(1, prompt_tokens)
     return stream_cache, long_cache
-
-
-@contextlib.contextmanager
-def _using(built, cache):
-    """Point the model at `cache` for one call (streams and the long request keep separate
-    caches, as paged attention keeps each sequence's blocks apart)."""
-    built.cache = cache
-    yield
 
 
 class _Clock:
     """Seconds since construction; on CUDA the GPU's queued work finishes first."""
 
     def __init__(self, kind: str):
-        self.sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
-        self.sync()
+        self.kind = kind
+        backend.synchronize(kind)
         self.start = time.perf_counter()
 
     def now(self) -> float:
-        self.sync()
+        backend.synchronize(self.kind)
         return time.perf_counter() - self.start
 
 

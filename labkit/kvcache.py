@@ -10,20 +10,26 @@ What it shows:
   * buffers are allocated once for `max_tokens` positions (as gpt-fast and vLLM do), so decode
     never reallocates; `lengths` says how much of each row is in use.
 
+A model's `prefill` and `decode_step` take the cache they work on (the model keeps one as a
+default), so two caches can share one model's weights: a stream of decoding users and a long
+prompt's own, as `interference` runs them.
+
 Shapes: k, v [L, B, Hkv, S_max, dh]; int8 scales [L, B, Hkv, S_max] fp32; fp8 scales [L] fp32;
 lengths int32 [B] on the device, mirrored on the host (`host_lengths`) so that bookkeeping
 never waits for the device.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from . import roofline
+from . import backend, roofline
+from .dtypes import CACHE_DTYPES, torch_dtype
 from .errors import LabError
 from .specs import ModelSpec
 
-CACHE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-                "fp8": torch.float8_e4m3fn, "int8": torch.int8}
+FLOAT_DTYPES = ("fp32", "bf16", "fp16")  # stored as they are; the others are quantised
 
 
 def cache_footprint_bytes(spec: ModelSpec, batch: int, max_tokens: int, cache_dtype: str) -> int:
@@ -32,24 +38,34 @@ def cache_footprint_bytes(spec: ModelSpec, batch: int, max_tokens: int, cache_dt
     return roofline.kv_cache_bytes(spec, max_tokens, batch, cache_dtype)
 
 
+class DecodePlan(NamedTuple):
+    """Where one decode step writes each row's new token and how far it attends.
+
+    positions   an int: every row writes at this position (equal lengths: one slice copy);
+                or an int32 tensor [B] on the device: row b writes at positions[b] (mixed)
+    max_length  the longest row after the step: attention reads at most this many positions
+    mixed       rows hold different numbers of tokens (positions is then a tensor)"""
+
+    positions: int | torch.Tensor
+    max_length: int
+    mixed: bool
+
+
 class KVCache:
     """Preallocated K/V buffers for `batch` sequences of up to `max_tokens` positions."""
 
     def __init__(self, spec: ModelSpec, batch: int, max_tokens: int, cache_dtype: str = "bf16",
                  device="cpu", use_triton: bool | None = None, check: bool = True):
-        if cache_dtype not in CACHE_DTYPES:
-            raise LabError(f"cache dtype {cache_dtype!r} unknown; known: {', '.join(CACHE_DTYPES)}")
+        dtype = torch_dtype(cache_dtype, CACHE_DTYPES)  # refuses an unknown name, listing the known
         if batch < 1 or max_tokens < 1:
             raise LabError(f"a KV cache needs batch >= 1 and max_tokens >= 1, got {batch}, {max_tokens}")
         device = torch.device(device)
         if check:  # refuse before allocating anything
-            from . import backend
             backend.check_fits(cache_footprint_bytes(spec, batch, max_tokens, cache_dtype), device.type,
                                f"a {cache_dtype} KV cache of {batch} x {max_tokens} tokens for {spec.name}")
         self.spec, self.batch, self.max_tokens, self.cache_dtype = spec, batch, max_tokens, cache_dtype
         self.device = device
         self.use_triton = device.type == "cuda" if use_triton is None else use_triton
-        dtype = CACHE_DTYPES[cache_dtype]
         shape = (spec.n_layers, batch, spec.n_kv_heads, max_tokens, spec.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -113,6 +129,14 @@ class KVCache:
         self.lengths += 1 if all(self.active) else self._steps
         self.host_lengths = [n + a for n, a in zip(self.host_lengths, self.active)]
 
+    def decode_plan(self) -> DecodePlan:
+        """The next decode step's plan, from the host mirror of the lengths only, so the step never
+        waits for the device: equal lengths (static batching, the sweeps) write one slice at a
+        host-known position; mixed lengths scatter by the device lengths [B]."""
+        ends = [n + 1 for n in self.host_lengths]
+        mixed = len(set(ends)) > 1
+        return DecodePlan(self.lengths if mixed else self.host_lengths[0], max(ends), mixed)
+
     def reset_sequence(self, row: int):
         """Free slot `row` for a new request (continuous batching). Old values stay but are unread."""
         self.set_lengths(0, slice(row, row + 1))
@@ -149,6 +173,11 @@ class KVCache:
             out.append(x.to(dtype))
         return out
 
+    def tensors(self) -> tuple:
+        """Every device tensor a decode step reads or writes, None for absent scales (a captured
+        CUDA graph bakes in their addresses: `graphed_decode` keys its graph on them)."""
+        return (self.k, self.v, self.k_scale, self.v_scale, self.lengths, self._rows)
+
     def layer_scales(self, layer: int):
         """(k_scale, v_scale) for `layer` as decode_attention wants them (None for float caches)."""
         if self.k_scale is None:
@@ -177,9 +206,11 @@ class KVCache:
 
 def _quantize(x, cache_dtype, scale, use_triton):
     """kernels.kv_quant.quantize_kv (Triton on CUDA, its torch reference on CPU)."""
+    if cache_dtype in FLOAT_DTYPES:
+        return x.to(torch_dtype(cache_dtype)), None
+    # On first use, as `ops.TritonOps` imports kernels: kv_quant imports triton, which reads
+    # TRITON_INTERPRET once, at its import, and importing labkit.model must not fix it early.
     from kernels.kv_quant import quantize_kv
-    if cache_dtype in ("fp32", "bf16", "fp16"):
-        return x.to(CACHE_DTYPES[cache_dtype]), None
     return quantize_kv(x, cache_dtype, scale, use_triton=use_triton)
 
 

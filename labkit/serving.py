@@ -29,18 +29,17 @@ def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int
             raise LabError(f"{name} must be a positive integer, got {value!r}")
     built = sweeps.get_built_model(model, device)
     kind = built.device.type
-    sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
     built.setup_cache(batch, prompt_tokens + output_tokens, built.compute_dtype, prompt_tokens)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, built.spec.vocab_size, (batch, prompt_tokens), generator=g).to(built.device)
-    sync()
+    backend.synchronize(kind)
     start = time.perf_counter()
     logits = built.prefill(prompt)
-    sync()
+    backend.synchronize(kind)
     prefilled = time.perf_counter()
     for _ in range(output_tokens - 1):
         logits = built.decode_step(logits.argmax(-1))
-    sync()
+    backend.synchronize(kind)
     prefill_s, decode_s = prefilled - start, time.perf_counter() - prefilled
     return {"model": built.spec.name, "device": kind, "device_name": backend.device_name(kind),
             "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "batch": batch,

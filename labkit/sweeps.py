@@ -105,7 +105,7 @@ def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
     return {
         "phase": phase, "device": device, "device_name": backend.device_name(device),
         "hardware": hardware.name, "model": model.spec.name, **shape, "compute_dtype": dtype,
-        "kernels": model.decode_kernels if phase == "decode" else model.ops.name,
+        "kernels": model.decode_path.name if phase == "decode" else model.ops.name,
         "time_s": timing.estimate_s, "estimator": timing.estimator, "time_median_s": timing.median_s,
         "time_min_s": timing.min_s, "time_max_s": timing.max_s, "spread": timing.spread, "noisy": timing.noisy,
         "samples": len(timing.samples_s), "flops": flops, "bytes": bytes_moved,
@@ -165,7 +165,7 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     point = _point("decode", built, timing, flops, bytes_moved, context_tokens=context_tokens,
                    batch=batch, cache_dtype=cache_dtype)
     point.update(cache_share=share, regime=roofline.decode_regime(share),
-                 tokens_per_s=batch / timing.estimate_s, decode_reason=built.decode_reason)
+                 tokens_per_s=batch / timing.estimate_s, decode_reason=built.decode_path.reason)
     return point
 
 

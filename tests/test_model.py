@@ -1,5 +1,6 @@
 """labkit.model and labkit.kvcache: tied to the formulas (parameter count, KV bytes per token) and
-to an independent full-sequence PyTorch forward (explicit causal softmax, no cache)."""
+to an independent full-sequence PyTorch forward (explicit causal softmax, no cache); the decode
+paths (labkit.decode_paths) against each other; the ops' fp8 upcast (labkit.ops)."""
 import json
 import math
 import os
@@ -11,7 +12,7 @@ if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from labkit import backend, cpu_decode, roofline  # noqa: E402
+from labkit import backend, cpu_decode, decode_paths, roofline  # noqa: E402
 from labkit.errors import FootprintError, LabError  # noqa: E402
 from labkit.model import Llama  # noqa: E402
 from labkit.specs import get_model, model_from_config, with_changes  # noqa: E402
@@ -191,8 +192,8 @@ def test_numpy_decode_step_equals_the_torch_step(cache_dtype, batch, lengths, mo
                         lambda run, parts: (shared_out.append(parts), real_on_every_core(run, parts))[1])
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=3)
                    for _ in range(2))
-    plain.numpy_decode = None  # the torch step, as on a bf16 model or with the Triton ops
-    assert fast.decode_kernels == "numpy" and plain.decode_kernels == "torch"
+    plain.decode_path = decode_paths.EagerDecode(plain)  # the torch step, as on a bf16 model or with the Triton ops
+    assert fast.decode_path.name == "numpy" and plain.decode_path.name == "torch"
     for model in (fast, plain):
         if lengths.startswith("equal"):
             model.prefill(tokens_for(30, batch, 9))
@@ -225,9 +226,37 @@ def assert_same_codes(a, b, cache_dtype):
 
 def test_numpy_decode_step_only_for_fp32_on_the_cpu():
     fp32 = Llama(TINY, batch=1, max_tokens=8, device="cpu")
-    assert fp32.numpy_decode is not None and "numpy" in fp32.decode_reason
+    assert isinstance(fp32.decode_path, cpu_decode.NumpyDecode) and "numpy" in fp32.decode_path.reason
     bf16 = Llama(TINY, batch=1, max_tokens=8, device="cpu", compute_dtype="bf16")
-    assert bf16.numpy_decode is None and "bf16" in bf16.decode_reason and bf16.decode_kernels == "torch"
+    assert isinstance(bf16.decode_path, decode_paths.EagerDecode) and bf16.decode_path.name == "torch"
+    assert bf16.decode_path.reason == "compute dtype bf16 (numpy has fp32 only); no CUDA graph (not on CUDA)"
+    triton = Llama(TINY, batch=1, max_tokens=8, device="cpu", kernels="triton")
+    assert triton.decode_path.name == "triton" and triton.decode_path.reason.startswith("triton kernels asked for")
+
+
+# ------------------------------------------------------------------ caches passed in
+@pytest.mark.parametrize("cache_dtype", ["fp32", "int8"])  # the numpy step's own attention, and torch's
+def test_one_model_serves_two_caches_as_two_models_would(cache_dtype):
+    """prefill/decode_step on caches passed in: each cache holds what a model of its own would,
+    and the model's default cache is untouched."""
+    shared = Llama(TINY, batch=1, max_tokens=8, device="cpu", seed=2)
+    alone = [Llama(TINY, batch=b, max_tokens=32, cache_dtype=cache_dtype, device="cpu", seed=2) for b in (2, 1)]
+    caches = [shared.make_cache(b, 32, cache_dtype) for b in (2, 1)]
+    default = shared.cache
+    assert_close(shared.prefill(tokens_for(60, 2, 7), caches[0]), alone[0].prefill(tokens_for(60, 2, 7)),
+                 TOL["fp32"], "prefill into cache 0")
+    assert_close(shared.prefill_slot(0, tokens_for(61, 5), caches[1], start=0),
+                 alone[1].prefill_slot(0, tokens_for(61, 5)), TOL["fp32"], "prefill_slot into cache 1")
+    for i in range(2):
+        for cache, model, batch in zip(caches, alone, (2, 1)):
+            step = tokens_for(62 + i, batch)
+            assert_close(shared.decode_step(step, cache), model.decode_step(step), NUMPY_TOL, f"step {i}, B={batch}")
+    assert [c.host_lengths for c in caches] == [m.cache.host_lengths for m in alone] == [[9, 9], [7]]
+    assert shared.cache is default and shared.cache.host_lengths == [0]
+    shared.reset_sequence(1, caches[0])
+    assert caches[0].host_lengths == [9, 0]
+    with pytest.raises(LabError, match="expected a KVCache"):
+        shared.decode_step(tokens_for(0, 1), 3)
 
 
 def test_misuse_is_explained():
@@ -331,7 +360,7 @@ def test_cuda_bf16_model_matches_reference(cache_dtype):
 
 
 def test_cpu_fp8_upcast_is_exact_for_every_code():
-    from labkit.model import upcast
+    from labkit.ops import upcast
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)  # every fp8 e4m3 value
     finite = ~codes.float().isnan()
     assert torch.equal(upcast(codes)[finite], codes.float()[finite])

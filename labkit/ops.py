@@ -1,0 +1,182 @@
+"""The model's operations, one function each, in two implementations chosen once per model.
+
+    ops = choose_ops(None, torch.device("cpu"))   # TorchOps on the CPU, TritonOps on CUDA
+    ops.linear(x, w); ops.prefill_attention(q, k, v); ops.decode_attention(q, cache, layer, ...)
+
+`TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`), torch's SDPA for
+prefill and for decode over a float cache, and a chunked online-softmax decode attention over an
+int8/fp8 cache, which upcasts a chunk at a time so the temporaries stay in the CPU caches and
+the memory traffic stays about the compact cache's bytes. `TritonOps` is the CUDA path (and
+the Triton interpreter in tests): the lab's kernels in kernels/.
+
+Shapes: x [..., in]; w [out, in]; prefill q [B, H, P, dh], k, v [B, Hkv, S, dh]; decode q
+[B, H, dh] over cache rows [B, Hkv, S_max, dh], lengths int32 [B] (the new token included).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .cpu_blas import blas_matmul
+from .errors import LabError
+
+# The int8/fp8 decode attention's fp32 temporaries per chunk: small enough to stay in L2/L3
+# (chunks of tens of MiB spill to memory and ran several times slower).
+DECODE_CHUNK_BYTES = 2 << 20
+
+
+class TorchOps:
+    """CPU path: numpy's BLAS for fp32 linears, SDPA for prefill, decode attention per cache dtype."""
+
+    name = "torch"
+
+    @staticmethod
+    def linear(x, w):
+        """x [..., in] @ w[out, in].T -> [..., out]. On the CPU in fp32 the weights are stored
+        [in, out]-contiguous (see `model._param`) and multiplied by numpy's OpenBLAS
+        (`cpu_blas.blas_matmul`): torch's MKL streams decode-shaped matmuls (a few rows, a weight
+        far beyond cache) at a fraction of OpenBLAS's rate on the lab's AMD CPUs. Same
+        arithmetic, a faster library."""
+        wt = w.t()  # [in, out], a view
+        if x.dtype == torch.float32 and x.device.type == "cpu" and wt.is_contiguous():
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return torch.from_numpy(blas_matmul(rows.numpy(), wt.numpy())).view(*x.shape[:-1], w.shape[0])
+        return F.linear(x, w)
+
+    @staticmethod
+    def prefill_attention(q, k, v):
+        """q [B, H, P, dh] are the last P of S positions; k, v [B, Hkv, S, dh]."""
+        P, S = q.shape[2], k.shape[2]
+        if P == S:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        # Chunked prefill: query i sits at position S - P + i. SDPA's is_causal aligns top-left.
+        visible = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - P, S, device=q.device)[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+
+    @staticmethod
+    def decode_attention(q, cache, layer, lengths, max_length, mixed):
+        """q [B, H, dh] over each row's first lengths[b] cached positions -> [B, H, dh]."""
+        if cache.cache_dtype in ("int8", "fp8"):
+            return chunked_decode_attention(q, cache, layer, lengths, max_length, mixed)
+        return sdpa_decode_attention(q, cache, layer, lengths, max_length, mixed)
+
+
+class TritonOps:
+    """CUDA path (or the Triton interpreter in tests): the kernels in kernels/.
+
+    kernels/ is imported inside each method, on first use: it imports triton, which reads
+    TRITON_INTERPRET once, at its import, so importing labkit.model must not fix it before the
+    caller has decided (labkit's import sets it without nvidia-smi; `gpu_check.main` sets it later,
+    on a driver without a usable GPU). The CPU path never calls these and never loads triton here."""
+
+    name = "triton"
+
+    @staticmethod
+    def linear(x, w):
+        from kernels.matmul import matmul  # on first use: see the class docstring
+        out = matmul(x.reshape(-1, x.shape[-1]), w.t())  # w.t() is a view: the kernel follows strides
+        return out.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def prefill_attention(q, k, v):
+        from kernels.flash_attention import flash_attention  # on first use: see the class docstring
+        return flash_attention(q, k, v, causal=True)
+
+    @staticmethod
+    def decode_attention(q, cache, layer, lengths, max_length, mixed):
+        from kernels.decode_attention import decode_attention  # on first use: see the class docstring
+        k_scale, v_scale = cache.layer_scales(layer)
+        # KVCache validates lengths on the host; checking them here would sync with the device
+        # once per layer and step.
+        return decode_attention(q, cache.k[layer], cache.v[layer], lengths, k_scale, v_scale,
+                                check_lengths=False)
+
+
+OPS = {"torch": TorchOps, "triton": TritonOps}
+
+
+def choose_ops(kernels: str | None, device: torch.device):
+    """The ops called `kernels` ("torch" | "triton"); None: Triton's on CUDA, torch's elsewhere
+    (tests run the Triton path on the CPU, in the interpreter, by asking for it)."""
+    kernels = kernels or ("triton" if device.type == "cuda" else "torch")
+    if kernels not in OPS:
+        raise LabError(f"kernels {kernels!r} unknown; known: {', '.join(OPS)}")
+    return OPS[kernels]
+
+
+# ------------------------------------------------------------------ CPU decode attention
+def sdpa_decode_attention(q, cache, layer, lengths, max_length, mixed):
+    """Decode attention over a float (fp32/bf16/fp16) cache with torch's CPU flash kernel, which
+    reads the cache in blocks with an online softmax, upcasting each block as it goes.
+
+    The G = H / Hkv query heads of a kv head act as G queries of one "sequence", so K and V are
+    read once per kv head (no GQA expansion). q is rounded to the cache dtype (SDPA wants one
+    dtype): for a bf16 cache an error of the same order as the cache's own rounding."""
+    B, H, dh = q.shape
+    Hkv = cache.spec.n_kv_heads
+    k, v = cache.k[layer, :, :, :max_length], cache.v[layer, :, :, :max_length]  # [B, Hkv, S, dh] views
+    qg = q.reshape(B, Hkv, H // Hkv, dh).to(k.dtype)  # [B, Hkv, G, dh]
+    mask = None
+    if mixed:  # rows shorter than max_length: hide their padding
+        mask = (torch.arange(max_length, device=q.device) < lengths[:, None])[:, None, None, :]  # [B, 1, 1, S]
+    return F.scaled_dot_product_attention(qg, k, v, attn_mask=mask).reshape(B, H, dh).to(q.dtype)
+
+
+def chunked_decode_attention(q, cache, layer, lengths, max_length, mixed):
+    """One query per sequence over its int8/fp8 cache row, in chunks with an online softmax.
+
+    q [B, H, dh]; cache rows [B, Hkv, S_max, dh]; lengths int32 [B] (the new token included).
+    Each chunk is upcast to fp32 just before use, so temporaries stay in CPU cache and memory
+    traffic is about the compact cache bytes. Scales are applied to scores (K) and probabilities
+    (V), as the Triton kernel does. Returns [B, H, dh] in q's dtype."""
+    B, H, dh = q.shape
+    Hkv = cache.spec.n_kv_heads
+    qg = q.view(B, Hkv, H // Hkv, dh).float() * (1.0 / math.sqrt(dh))  # [B, Hkv, G, dh]
+    m = torch.full((B, Hkv, H // Hkv, 1), float("-inf"), device=q.device)  # running max
+    denom = torch.zeros_like(m)  # running sum of exp(s - m)
+    acc = torch.zeros_like(qg)  # running unnormalised output
+    chunk = max(64, DECODE_CHUNK_BYTES // (B * Hkv * dh * 4))
+    _, v_scale = cache.layer_scales(layer)
+    # Chunk 0 holds position 0, valid for every row, so m is finite after it: no NaN from -inf - -inf.
+    for s0 in range(0, max_length, chunk):
+        s1 = min(s0 + chunk, max_length)
+        s = _chunk_scores(qg, cache, layer, s0, s1, lengths if mixed else None)  # [B, Hkv, G, T]
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s - m_new)
+        alpha = torch.exp(m - m_new)
+        denom = denom * alpha + p.sum(-1, keepdim=True)
+        if cache.cache_dtype == "int8":
+            p = p * v_scale[:, :, None, s0:s1]  # sum_n p_n (v_n s_n) = sum_n (p_n s_n) v_n
+        acc = acc * alpha + p @ upcast(cache.v[layer, :, :, s0:s1])  # [B, Hkv, G, dh]
+        m = m_new
+    if cache.cache_dtype == "fp8":
+        acc = acc * v_scale  # one per-tensor scale: apply it once at the end
+    return (acc / denom).view(B, H, dh).to(q.dtype)
+
+
+def _chunk_scores(qg, cache, layer, s0, s1, lengths=None):
+    """Scores [B, Hkv, G, T] of qg [B, Hkv, G, dh] against cache positions s0 .. s1 - 1, K's
+    scales applied; with `lengths` [B], positions at or past a row's length are -inf."""
+    k_scale, _ = cache.layer_scales(layer)
+    s = qg @ upcast(cache.k[layer, :, :, s0:s1]).transpose(-1, -2)
+    if cache.cache_dtype == "int8":
+        s = s * k_scale[:, :, None, s0:s1]  # (q . k_int8) * scale == q . (k_int8 * scale)
+    elif cache.cache_dtype == "fp8":
+        s = s * k_scale
+    if lengths is not None:
+        pad = torch.arange(s0, s1, device=qg.device) >= lengths[:, None]  # [B, T]
+        s = s.masked_fill(pad[:, None, None, :], float("-inf"))
+    return s
+
+
+def upcast(x):
+    """A cache chunk as fp32. fp8 e4m3 goes through its bits, because torch's CPU fp8 cast is
+    scalar code, several times slower than this: shifting the 7 exponent-and-mantissa bits left
+    by 7 gives the fp16 with the same value times 2**-8 (exponent bias 15 vs 7; e4m3's
+    subnormals land on fp16 subnormals), exact for every finite code."""
+    if x.dtype != torch.float8_e4m3fn:
+        return x.float()
+    s = x.view(torch.int8).to(torch.int16)  # sign-extended: bits 15 and 14 set when negative
+    return ((s << 7) ^ (s & 0x4000)).view(torch.float16).float() * 256.0  # clear bit 14 again
