@@ -17,7 +17,8 @@ Peak memory is measured, not computed:
     to the OS would not show, so on glibc the measurement first fixes malloc's mmap threshold
     (`mallopt(M_MMAP_THRESHOLD, 128 KiB)`, for this process): every tensor above that size then
     gets fresh pages and gives them back when freed, instead of reusing a freed tensor's.
-Every size is refused before allocating when its predicted footprint would not fit.
+Every size is refused before allocating when its predicted footprint would not fit. kernels/ is
+imported on first use, so importing this module (lesson 03 does) does not wait for triton.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def compare_with_reference(heads: int = 4, kv_heads: int = 2, tokens: int = 128,
                            dtype: str = "fp32", device: str | None = None, causal: bool = True) -> dict:
     """Run the Triton flash kernel and naive attention on the same fresh inputs; return the
     element-wise absolute differences (a plain list) with their max and mean."""
-    from kernels.flash_attention import attention_reference, flash_attention
+    from kernels.flash_attention import attention_reference, flash_attention  # triton loads on first use
 
     chosen = backend.choose_device(device).device
     how = backend.kernels_run_on(chosen)
@@ -100,7 +101,7 @@ def _flash(q, k, v, device: str):
     """The Triton kernel where it runs compiled; else torch's fused SDPA (the interpreter is far
     too slow at the lengths a memory sweep reaches)."""
     if backend.kernels_run_on(device) == "compiled":
-        from kernels.flash_attention import flash_attention
+        from kernels.flash_attention import flash_attention  # triton loads on first use
         return flash_attention(q, k, v, causal=False)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
@@ -119,7 +120,7 @@ def memory_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: 
                              f"{budget_bytes / 2**30:.1f} GiB budget; refused before allocating")
     backend.check_fits(predicted, device, what)
     q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, device)
-    from kernels.flash_attention import attention_reference
+    from kernels.flash_attention import attention_reference  # triton loads on first use
     run = (lambda: attention_reference(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
     _, peak = peak_memory_bytes(run, device)
     return {"method": method, "tokens": tokens, "peak_bytes": peak, "predicted_bytes": predicted,

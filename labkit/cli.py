@@ -178,14 +178,14 @@ def run_calibrate(args) -> dict:
 
 def run_measure(args) -> dict:
     """One real prefill or decode on this machine, through labkit.sweeps, with its prediction."""
-    from . import backend, explore  # backend imports torch
+    from . import backend, explore, sizes  # backend imports torch
     here = backend.choose_device(args.device)
-    settings = explore.lab_settings(here.device)
+    settings = sizes.lab_settings(here.device)
     model = get_model(args.model or settings["model"])
     batch = settings["batch"][3] if args.batch is None else args.batch
     _in_range("--batch", batch, 1, MAX_BATCH)
     try:
-        from . import sweeps
+        from . import sweeps  # the model and its kernels: only `measure` needs them
     except ModuleNotFoundError as err:
         if err.name != f"{__package__}.sweeps":
             raise

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from labkit.gpu_check import command, run as gc_run
-from labkit.gpu_check.command import NO_GPU
-from labkit.gpu_check.run import DRY, SECTIONS, SHARES, Budget
+from labkit import gpu_check as command
+from labkit import gpu_run as gc_run
+from labkit.gpu_check import NO_GPU
+from labkit.gpu_run import DRY, SECTIONS, SHARES, Budget
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"^(?P<section>[a-z_]+)-[a-z0-9-]+-\d{8}-\d{4}(-\d+)?\.json$")
@@ -212,7 +213,7 @@ def test_budget_passes_unused_time_on():
 def test_importing_the_check_loads_neither_torch_nor_triton():
     """Bad arguments are answered before torch loads, and the interpreter can still be chosen
     after the import (triton reads TRITON_INTERPRET when it is imported)."""
-    code = ("import sys, labkit.gpu_check, labkit.gpu_check.command; "
+    code = ("import sys, labkit.gpu_check; "
             "print('torch' in sys.modules, 'triton' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"]
@@ -220,7 +221,7 @@ def test_importing_the_check_loads_neither_torch_nor_triton():
 
 def test_the_check_imports_no_jupyter_package():
     """A GPU image has torch, triton and numpy only: the check's modules must not need more."""
-    code = ("import sys; import labkit.gpu_check.command; "
+    code = ("import sys; import labkit.gpu_check; "
             "print(sorted(m for m in ('plotly', 'ipywidgets', 'IPython', 'nbformat', 'jupyter_core') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
