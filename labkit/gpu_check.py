@@ -20,8 +20,8 @@ them; a section that raises is recorded with its error and the next one runs:
   prefill_sweep  the Llama-3.1-8B-shaped model's prefill, P = 512 ... 32k, batch 1
   decode_sweep   its decode step at S = 8k, batch 1 ... the largest that fits (>= 64), and at
                  batch 1 for S = 1k ... 128k; bf16, fp8 and int8 caches; the step replayed as
-                 a CUDA graph (labkit.graphed_decode: each point's "kernels" says "triton+graph",
-                 or the model's decode_reason says why not)
+                 a CUDA graph (labkit.decode_paths: each point's "kernels" says "triton+graph",
+                 or its "decode_reason" says why not)
 
 Targets (reported in the final JSON line; only a failed correctness check changes the exit code):
   matmul >= 0.85 x torch.matmul;  flash attention >= 400 TFLOP/s (causal bf16) at P >= 4k;
