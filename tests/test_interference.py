@@ -43,9 +43,10 @@ def test_the_models_own_cache_is_left_alone():
     """The streams and the long prompt get caches of their own, passed to each call: the shared,
     cached model's default cache is never swapped out nor written."""
     built = sweeps.get_built_model("lab-tiny", "cpu")
-    before, lengths = built.cache, list(built.cache.host_lengths)
+    before = built.cache  # None after an earlier test released it
+    lengths = None if before is None else list(before.host_lengths)
     i.compare(64, **SIZES)
-    assert built.cache is before and built.cache.host_lengths == lengths
+    assert built.cache is before and (before is None or before.host_lengths == lengths)
 
 
 def test_a_chunk_longer_than_the_prompt_means_no_chunking():
