@@ -407,6 +407,18 @@ def interference_rows(timelines: list) -> list[dict]:
     return rows
 
 
+def chunk_view(run, unchunked, chunk_tokens: int) -> dict:
+    """Lesson 06's chunk slider in one call: run the chunked timeline (`run(chunk_tokens=C)`, an
+    `interference.run_timeline` with its sizes bound) and return it with everything the charts,
+    the table and the status line show beside the fixed `unchunked` timeline."""
+    timeline = run(chunk_tokens=chunk_tokens)
+    summary = timeline.summary()
+    return {"timeline": timeline, "series": interference_series(timeline),
+            "bars": interference_bars([unchunked, timeline]), "rows": interference_rows([unchunked, timeline]),
+            "status": (f"measured on {summary['device_name']}: worst gap {summary['itl_max_s'] * 1e3:,.0f} ms, "
+                       f"prefill {summary['prefill_wall_s'] * 1e3:,.0f} ms")}
+
+
 # ---- lesson 07: where a request's time goes, by workload shape
 def scaled_shapes(scale: int = 1) -> list[dict]:
     """The chapter's shapes with prompt and output divided by `scale` (outputs at least 2, so

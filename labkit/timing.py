@@ -33,6 +33,7 @@ HOST_BOUND_FRACTION = 0.9
 PERCENTILE_SAMPLES = 10
 # "fastest" estimate (CPU): the fastest call counts once another call came within this fraction of it.
 CONFIRM_TOLERANCE = 0.10
+MAX_SAMPLE_S = 1e9  # about 30 years
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,10 @@ class Timing:
 
     def __post_init__(self):
         # NaN passes `<= 0` and inf would make the median and spread meaningless: refuse both.
-        if not self.samples_s or not all(math.isfinite(s) and s > 0 for s in self.samples_s):
-            raise LabError(f"a Timing needs positive, finite samples, got {self.samples_s!r}")
+        # Above MAX_SAMPLE_S a sample is a unit error, and its statistics could overflow to inf.
+        if not self.samples_s or not all(math.isfinite(s) and 0 < s <= MAX_SAMPLE_S for s in self.samples_s):
+            raise LabError(f"a Timing needs positive, finite samples of at most {MAX_SAMPLE_S:.0e} s, "
+                           f"got {self.samples_s!r}")
         if self.estimator not in ("median", "fastest"):
             raise LabError(f"estimator must be 'median' or 'fastest', got {self.estimator!r}")
 

@@ -1,8 +1,10 @@
-"""Charts and slider widgets. Needs plotly and ipywidgets (the Jupyter side only).
+"""Charts and the lessons' widgets. Needs plotly and ipywidgets (the Jupyter side only).
 
-Figures are built from `labkit.explore` data. Widget callbacks call one labkit function and set
-trace data — no arithmetic here. Every widget is constructible headless (tests build them with
-no browser) and shows errors as one line under itself instead of a traceback.
+Figures are built from `labkit.explore` data, in lesson order. Every lesson widget is a
+`LessonWidget`: controls in, one labkit call per change, figures out, the error line under the
+charts, a status line; a lesson's own widget only names its controls, its call and its figures.
+Every widget is constructible headless (tests build them with no browser) and shows errors as one
+line under itself instead of a traceback.
 """
 from __future__ import annotations
 
@@ -41,28 +43,11 @@ with _without_iri_format_checker():
 
 from . import explore
 
+
+# ---- plumbing: a live chart, the error line, the one widget base, controls
 PREDICTED = dict(color="#1f77b4")
 MEASURED = dict(color="#d62728")
 NOISY = dict(color="#ff9896")
-
-
-def roofline_figure(curves: list[dict], points: list[list[dict]], title: str) -> go.Figure:
-    """Log-log roofline(s) from `explore.roofline_curve`, each with its `explore.phase_points`."""
-    fig = go.Figure()
-    for curve, pts, dash in zip(curves, points, ("solid", "dash", "dot")):
-        fig.add_scatter(x=curve["intensity_flops_per_byte"], y=curve["attainable_flops_per_s"],
-                        mode="lines", line=dict(dash=dash), name=f"{curve['name']} ({curve['kind']}, {curve['dtype']})")
-        fig.add_scatter(x=[curve["ridge_flops_per_byte"]], y=[curve["peak_flops_per_s"]], mode="markers",
-                        marker=dict(symbol="diamond", size=9), showlegend=False,
-                        hovertext=[f"ridge point {curve['ridge_flops_per_byte']:,.0f} FLOP/byte"])
-        fig.add_scatter(x=[p["intensity_flops_per_byte"] for p in pts],
-                        y=[p["attainable_flops_per_s"] for p in pts], mode="markers+text",
-                        text=[f"{p['label']} ({p['bound']}-bound)" for p in pts], textposition="top center",
-                        marker=dict(size=11), name=f"phases on {curve['name']}")
-    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP per byte moved)")
-    fig.update_yaxes(type="log", title="attainable FLOP/s")
-    fig.update_layout(title=title, height=480, legend=dict(orientation="h", y=-0.2))
-    return fig
 
 
 class LiveFigure(go.Figure):
@@ -136,6 +121,96 @@ class ErrorLine:
             self.last_error = None
 
 
+class LessonWidget:
+    """The one shape of every lesson widget: controls in, one labkit call per change, figures out,
+    the error line under the charts, and a status line.
+
+        compute(**values) -> result   one labkit call (a measurement, a simulation, a prediction),
+                                      with the controls' values by name
+        draw(result)                  puts the result into the figures (set_* functions: no arithmetic)
+        describe(result) -> str       the status line after a change ("" for none)
+
+    `busy`, when given, is shown while `compute` runs ("measuring" for a real measurement, which
+    takes seconds). Controls with `continuous_update` fire only when released: each change may run
+    a real measurement. Any error becomes one red line under the charts and the kernel lives on.
+    """
+
+    def __init__(self, controls: dict, figures: list, compute, draw, describe=lambda result: "",
+                 busy: str | None = None):
+        self.controls, self.figures = controls, figures
+        self.compute, self.draw, self.describe, self.busy = compute, draw, describe, busy
+        self.result = None
+        self.error = ErrorLine()
+        for control in controls.values():
+            if hasattr(control, "continuous_update"):
+                control.continuous_update = False
+            control.observe(self.on_change, names="value")
+        self.widget = widgets.VBox([widgets.HBox(list(controls.values())), *(f.widget for f in figures),
+                                    self.error.widget])
+
+    def values(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def on_change(self, _change=None):
+        """Control callback: compute once at the controls' values, draw, say what happened."""
+        if self.busy:
+            self.error.status(f"{self.busy} {self.values()} …")
+        with self.error.guard():
+            self.result = self.compute(**self.values())
+            self.draw(self.result)
+            self.error.status(self.describe(self.result))
+
+    def prime(self, settings: list[dict]):
+        """Compute and draw a first few settings (with a progress bar), so a chart starts with
+        points on it; the controls keep their own values."""
+        bar, advance = progress(len(settings))
+        self.widget.children = (*self.widget.children, bar)
+        for done, values in enumerate(settings, start=1):
+            with self.error.guard():
+                self.result = self.compute(**values)
+                self.draw(self.result)
+            advance(done, len(settings))
+        self.widget.children = self.widget.children[:-1]
+
+
+def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
+    """An integer slider that only fires on release (each move runs a real measurement)."""
+    return widgets.IntSlider(value=value, min=low, max=high, step=step, description=name,
+                             continuous_update=False, style={"description_width": "initial"},
+                             layout=widgets.Layout(width="420px"))
+
+
+def toggle(name: str, options: list, value=None) -> widgets.ToggleButtons:
+    """Toggle buttons (a choice fires once per click)."""
+    return widgets.ToggleButtons(options=options, value=value or options[0], description=name,
+                                 style={"description_width": "initial", "button_width": "auto"})
+
+
+def progress(total: int, description: str = "measuring"):
+    """An IntProgress bar and a `progress(done, total)` callback that moves it (for sweeps)."""
+    bar = widgets.IntProgress(value=0, min=0, max=total, description=description,
+                              style={"description_width": "initial"})
+
+    def advance(done, _total):
+        bar.value = done
+    return bar, advance
+
+
+def table_html(rows: list[dict]) -> str:
+    """A list of flat dicts as an HTML table (keys as the header), every value escaped."""
+    cell = "text-align:left;padding:2px 8px"
+    head = "".join(f"<th style='{cell}'>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row.values())
+                   + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def table(rows: list[dict]) -> widgets.HTML:
+    """`table_html` as a widget: a view can set its `.value` again when its rows change."""
+    return widgets.HTML(table_html(rows))
+
+
+# ---- every lesson: measured beside predicted
 def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, title: str,
                                  log_y: bool = False) -> LiveFigure:
     """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1)."""
@@ -171,53 +246,75 @@ def set_measured(fig: LiveFigure, series: dict):
         fig.data[3].marker.color = [NOISY["color"] if flag else MEASURED["color"] for flag in series["noisy"]]
 
 
-class SliderLab:
-    """Sliders that re-run one real measurement each time they are released.
+def add_band(fig, x: list, low: list, high: list, low_name: str, band_name: str, row: int | None = None):
+    """A dashed line at `low` and the area between it and `high` shaded (e.g. linear-only
+    prediction and the attention term's extra time above it). Appended: existing traces keep
+    their indices, so a SliderLab's measured traces still update."""
+    where = dict(row=row, col=1) if row else {}
+    fig.add_scatter(x=x, y=low, mode="lines", line=dict(dash="dash", **LINEAR), name=low_name, **where)
+    fig.add_scatter(x=x, y=high, mode="lines", line=dict(width=0), fill="tonexty",
+                    fillcolor="rgba(255,127,14,0.25)", name=band_name, **where)
 
-    `measure(**values) -> record` is one labkit call (a `sweeps.measure_*` function); `x_key`
-    names the record field on the x axis. Records accumulate, so moving the slider builds the curve.
-    """
+
+def add_recorded(fig, series: list[dict], row: int | None = None):
+    """Markers for `explore.recorded_series`, each labelled with its hardware and date; a
+    host-bound point is hollow and says so when hovered."""
+    where = dict(row=row, col=1) if row else {}
+    for s in series:
+        host_bound = s.get("host_bound") or [False] * len(s["x"])
+        fig.add_scatter(x=s["x"], y=s["y"], mode="markers+lines", line=dict(dash="dot"),
+                        marker=dict(symbol=["diamond-open" if h else "diamond" for h in host_bound], size=9),
+                        hovertext=[explore.HOST_BOUND_NOTE if h else "" for h in host_bound], name=s["label"], **where)
+
+
+class SliderLab(LessonWidget):
+    """Sliders that re-run one real measurement each time they are released; the records
+    accumulate, so moving the slider builds the curve. `measure(**values) -> record` is one
+    labkit call (a `sweeps.measure_*` function); `x_key` names the record field on the x axis."""
 
     def __init__(self, sliders: dict, measure, predicted: dict, x_key: str, x_title: str, title: str,
                  log_y: bool = False):
-        self.sliders, self.measure, self.x_key = sliders, measure, x_key
-        self.records: list[dict] = []
+        self.x_key, self.records = x_key, []
         self.figure = measured_vs_predicted_figure(x_title, predicted, x_key, title, log_y)
-        self.error = ErrorLine()
-        for slider in sliders.values():
-            slider.continuous_update = False
-            slider.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([widgets.HBox(list(sliders.values())), self.figure.widget, self.error.widget])
+        super().__init__(sliders, [self.figure], measure, self.add, explore.point_summary, busy="measuring")
 
-    def prime(self, settings: list[dict]):
-        """Measure a first few points (with a progress bar) so the chart starts with a curve."""
-        bar, advance = progress(len(settings))
-        self.widget.children = (*self.widget.children, bar)
-        for done, values in enumerate(settings, start=1):
-            with self.error.guard():
-                self.records.append(self.measure(**values))
-            advance(done, len(settings))
-        with self.error.guard():
-            set_measured(self.figure, explore.measured_series(self.records, self.x_key))
-        self.widget.children = self.widget.children[:-1]
-
-    def values(self) -> dict:
-        return {name: slider.value for name, slider in self.sliders.items()}
-
-    def on_change(self, _change=None):
-        """Slider callback: measure once at the sliders' values, redraw."""
-        self.error.status(f"measuring {self.values()} …")
-        with self.error.guard():
-            self.records.append(self.measure(**self.values()))
-            set_measured(self.figure, explore.measured_series(self.records, self.x_key))
-            self.error.status(explore.point_summary(self.records[-1]))
+    def add(self, record: dict):
+        self.records.append(record)
+        set_measured(self.figure, explore.measured_series(self.records, self.x_key))
 
 
-def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
-    """An integer slider that only fires on release (each move runs a real measurement)."""
-    return widgets.IntSlider(value=value, min=low, max=high, step=step, description=name,
-                             continuous_update=False, style={"description_width": "initial"},
-                             layout=widgets.Layout(width="420px"))
+class MeasureLab(LessonWidget):
+    """Controls (sliders, toggle buttons) that re-run one real measurement when released and
+    redraw one figure: `measure(**values) -> record`, then `draw(figure, record)`."""
+
+    def __init__(self, controls: dict, measure, figure, draw):
+        self.figure, self.records = figure, []
+        super().__init__(controls, [figure], measure, lambda record: self.add(record, draw), explore.point_summary,
+                         busy="measuring")
+
+    def add(self, record: dict, draw):
+        self.records.append(record)
+        draw(self.figure, record)
+
+
+# ---- lesson 01: the two phases on a roofline
+def roofline_figure(curves: list[dict], points: list[list[dict]], title: str) -> go.Figure:
+    """Log-log roofline(s) from `explore.roofline_curve`, each with its `explore.phase_points`."""
+    fig = go.Figure()
+    for curve, pts, dash in zip(curves, points, ("solid", "dash", "dot")):
+        fig.add_scatter(x=curve["intensity_flops_per_byte"], y=curve["attainable_flops_per_s"],
+                        mode="lines", line=dict(dash=dash), name=f"{curve['name']} ({curve['kind']}, {curve['dtype']})")
+        fig.add_scatter(x=[curve["ridge_flops_per_byte"]], y=[curve["peak_flops_per_s"]], mode="markers",
+                        marker=dict(symbol="diamond", size=9), showlegend=False,
+                        hovertext=[f"ridge point {curve['ridge_flops_per_byte']:,.0f} FLOP/byte"])
+        fig.add_scatter(x=[p["intensity_flops_per_byte"] for p in pts],
+                        y=[p["attainable_flops_per_s"] for p in pts], mode="markers+text",
+                        text=[f"{p['label']} ({p['bound']}-bound)" for p in pts], textposition="top center",
+                        marker=dict(size=11), name=f"phases on {curve['name']}")
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP per byte moved)")
+    fig.update_yaxes(type="log", title="attainable FLOP/s")
+    fig.update_layout(title=title, height=480, legend=dict(orientation="h", y=-0.2))
+    return fig
 
 
 # ---- lesson 02: prefill's two terms
@@ -265,42 +362,14 @@ def set_share_curves(fig: LiveFigure, curves: list[dict]):
         fig.data[len(curves)].text = [f"{c['crossover_tokens']:,.0f}" for c in curves]
 
 
-class ToggleView:
-    """ToggleButtons above a figure: choosing an option calls `redraw(value)` once; any error
-    becomes one line under the figure."""
+class ToggleView(LessonWidget):
+    """Toggle buttons above a figure: choosing an option calls `redraw(value)` once."""
 
     def __init__(self, description: str, options: dict, figure, redraw):
         self.toggle = widgets.ToggleButtons(options=list(options.items()), description=description,
                                             style={"description_width": "initial", "button_width": "auto"})
-        self.figure, self.redraw, self.error = figure, redraw, ErrorLine()
-        self.toggle.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([self.toggle, figure.widget, self.error.widget])
-
-    def on_change(self, _change=None):
-        with self.error.guard():
-            self.redraw(self.toggle.value)
-            self.error.widget.value = ""
-
-
-def add_band(fig, x: list, low: list, high: list, low_name: str, band_name: str, row: int | None = None):
-    """A dashed line at `low` and the area between it and `high` shaded (e.g. linear-only
-    prediction and the attention term's extra time above it). Appended: existing traces keep
-    their indices, so a SliderLab's measured traces still update."""
-    where = dict(row=row, col=1) if row else {}
-    fig.add_scatter(x=x, y=low, mode="lines", line=dict(dash="dash", **LINEAR), name=low_name, **where)
-    fig.add_scatter(x=x, y=high, mode="lines", line=dict(width=0), fill="tonexty",
-                    fillcolor="rgba(255,127,14,0.25)", name=band_name, **where)
-
-
-def add_recorded(fig, series: list[dict], row: int | None = None):
-    """Markers for `explore.recorded_series`, each labelled with its hardware and date; a
-    host-bound point is hollow and says so when hovered."""
-    where = dict(row=row, col=1) if row else {}
-    for s in series:
-        host_bound = s.get("host_bound") or [False] * len(s["x"])
-        fig.add_scatter(x=s["x"], y=s["y"], mode="markers+lines", line=dict(dash="dot"),
-                        marker=dict(symbol=["diamond-open" if h else "diamond" for h in host_bound], size=9),
-                        hovertext=[explore.HOST_BOUND_NOTE if h else "" for h in host_bound], name=s["label"], **where)
+        self.figure = figure
+        super().__init__({"option": self.toggle}, [figure], lambda option: option, redraw)
 
 
 def cost_bars_figure(table: dict, title: str) -> go.Figure:
@@ -315,6 +384,19 @@ def cost_bars_figure(table: dict, title: str) -> go.Figure:
     fig.update_layout(barmode="stack", title=title, height=440, legend=dict(orientation="h", y=-0.2))
     fig.update_xaxes(title="prompt tokens P", type="category")
     fig.update_yaxes(title="compute time (s)")
+    return fig
+
+
+def prefill_split_figure(split: dict, title: str, x_title: str = "prompt tokens P") -> go.Figure:
+    """`explore.prefill_split_prediction` alone, log-log: linear-only line, attention's band above."""
+    fig = go.Figure()
+    add_band(fig, split["prompt_tokens"], split["linear_only_s"], split["predicted_time_s"],
+             "predicted, linear term only", "attention term")
+    fig.add_scatter(x=split["prompt_tokens"], y=split["predicted_time_s"], mode="lines", line=PREDICTED,
+                    name="predicted, linear + attention")
+    fig.update_xaxes(type="log", title=x_title)
+    fig.update_yaxes(type="log", title="time (s)")
+    fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -417,38 +499,6 @@ def set_decode_readout(fig: LiveFigure, readout: dict):
         fig.layout.title = readout["label"]
 
 
-class MeasureLab:
-    """Controls (sliders, toggle buttons) that re-run one real measurement when released and
-    redraw one figure: `measure(**values) -> record`, then `draw(figure, record)`."""
-
-    def __init__(self, controls: dict, measure, figure, draw):
-        self.controls, self.measure, self.figure, self.draw = controls, measure, figure, draw
-        self.records: list[dict] = []
-        self.error = ErrorLine()
-        for control in controls.values():
-            if hasattr(control, "continuous_update"):
-                control.continuous_update = False
-            control.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([widgets.HBox(list(controls.values())), figure.widget, self.error.widget])
-
-    def values(self) -> dict:
-        return {name: control.value for name, control in self.controls.items()}
-
-    def on_change(self, _change=None):
-        """Measure once at the controls' values and redraw; errors become one line."""
-        self.error.status(f"measuring {self.values()} …")
-        with self.error.guard():
-            self.records.append(self.measure(**self.values()))
-            self.draw(self.figure, self.records[-1])
-            self.error.status(explore.point_summary(self.records[-1]))
-
-
-def toggle(name: str, options: list, value=None) -> widgets.ToggleButtons:
-    """Toggle buttons (a choice fires once per click)."""
-    return widgets.ToggleButtons(options=options, value=value or options[0], description=name,
-                                 style={"description_width": "initial", "button_width": "auto"})
-
-
 def draw_decode(fig: LiveFigure, record: dict):
     """`MeasureLab` draw for decode: one `sweeps.measure_decode` record into the readout."""
     set_decode_readout(fig, explore.decode_readout(record))
@@ -492,44 +542,6 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
     return fig
 
 
-def progress(total: int, description: str = "measuring"):
-    """An IntProgress bar and a `progress(done, total)` callback that moves it (for sweeps)."""
-    bar = widgets.IntProgress(value=0, min=0, max=total, description=description,
-                              style={"description_width": "initial"})
-
-    def advance(done, _total):
-        bar.value = done
-    return bar, advance
-
-
-def table_html(rows: list[dict]) -> str:
-    """A list of flat dicts as an HTML table (keys as the header), every value escaped."""
-    cell = "text-align:left;padding:2px 8px"
-    head = "".join(f"<th style='{cell}'>{html.escape(str(k))}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row.values())
-                   + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def table(rows: list[dict]) -> widgets.HTML:
-    """`table_html` as a widget: a view can set its `.value` again when its rows change."""
-    return widgets.HTML(table_html(rows))
-
-
-# ---- lesson 02 (continued)
-def prefill_split_figure(split: dict, title: str, x_title: str = "prompt tokens P") -> go.Figure:
-    """`explore.prefill_split_prediction` alone, log-log: linear-only line, attention's band above."""
-    fig = go.Figure()
-    add_band(fig, split["prompt_tokens"], split["linear_only_s"], split["predicted_time_s"],
-             "predicted, linear term only", "attention term")
-    fig.add_scatter(x=split["prompt_tokens"], y=split["predicted_time_s"], mode="lines", line=PREDICTED,
-                    name="predicted, linear + attention")
-    fig.update_xaxes(type="log", title=x_title)
-    fig.update_yaxes(type="log", title="time (s)")
-    fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))
-    return fig
-
-
 # ---- lesson 05: static vs continuous batching
 STATIC = dict(color="#8c8c8c")
 CONTINUOUS = dict(color="#2ca02c")
@@ -559,22 +571,16 @@ def set_batching(fig: LiveFigure, bars: dict):
             fig.data[2 * i + 1].text = [f"{t:,.0f}" for t in bars[policy]["tokens_per_s"]]
 
 
-class BatchingLab:
+class BatchingLab(LessonWidget):
     """A max-batch slider that re-simulates both policies on every request set; `bars(max_batch)`
     is one labkit call (e.g. a partial of `explore.batching_bars`)."""
 
     def __init__(self, bars, max_batch: int, low: int, high: int, title: str):
-        self.bars = bars
         self.slider = int_slider("max batch", max_batch, low, high)
         self.figure = batching_figure(bars(max_batch), title)
-        self.error = ErrorLine()
-        self.slider.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([self.slider, self.figure.widget, self.error.widget])
-
-    def on_change(self, _change=None):
-        with self.error.guard():
-            set_batching(self.figure, self.bars(self.slider.value))
-            self.error.status(f"simulated at max batch {self.slider.value}")
+        super().__init__({"max_batch": self.slider}, [self.figure], bars,
+                         lambda result: set_batching(self.figure, result),
+                         lambda result: f"simulated at max batch {result['max_batch']}")
 
 
 def step_time_figure(curves: list[dict], title: str) -> go.Figure:
@@ -643,39 +649,32 @@ def set_interference_bars(fig: LiveFigure, bars: dict):
             trace.text = [f"{v:,.0f}" for v in bars[key]]
 
 
-class ChunkLab:
-    """A chunk-size slider that re-runs the chunked timeline for real (`run(chunk_tokens=C)` is one
-    labkit call returning an `interference.Timeline`) beside a fixed unchunked one."""
+class ChunkLab(LessonWidget):
+    """A chunk-size slider that re-runs the chunked timeline for real beside a fixed unchunked
+    one: `run(chunk_tokens=C)` returns an `interference.Timeline`, and `explore.chunk_view`
+    turns it into everything the two charts and the table show."""
 
     def __init__(self, run, unchunked, chunk: int, low: int, high: int, step: int, title: str):
-        from . import explore
-        self.run, self.unchunked = run, unchunked
         self.slider = int_slider("chunk C (tokens)", chunk, low, high, step)
-        self.timeline = run(chunk_tokens=chunk)
-        self.timelines = explore.interference_series(unchunked), explore.interference_series(self.timeline)
-        self.figure = interference_figure(list(self.timelines), title)
-        self.bars = interference_bars_figure(explore.interference_bars([unchunked, self.timeline]),
-                                             f"{title}: summary")
-        self.table = table(explore.interference_rows([unchunked, self.timeline]))  # shown in its own cell
-        self.error = ErrorLine()
-        self.slider.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([self.slider, self.error.widget, self.figure.widget, self.bars.widget])
+        view = explore.chunk_view(run, unchunked, chunk)
+        self.timeline = view["timeline"]
+        self.figure = interference_figure([explore.interference_series(unchunked), view["series"]], title)
+        self.bars = interference_bars_figure(view["bars"], f"{title}: summary")
+        self.table = table(view["rows"])  # shown in its own cell
+        super().__init__({"chunk_tokens": self.slider}, [self.figure, self.bars],
+                         lambda chunk_tokens: explore.chunk_view(run, unchunked, chunk_tokens), self.show,
+                         lambda view: view["status"], busy="running the timeline at")
 
-    def on_change(self, _change=None):
-        from . import explore
-        self.error.status(f"running the timeline with chunks of {self.slider.value:,} tokens …")
-        with self.error.guard():
-            self.timeline = self.run(chunk_tokens=self.slider.value)
-            set_interference(self.figure, 2, explore.interference_series(self.timeline))
-            set_interference_bars(self.bars, explore.interference_bars([self.unchunked, self.timeline]))
-            self.table.value = table_html(explore.interference_rows([self.unchunked, self.timeline]))
-            s = self.timeline.summary()
-            self.error.status(f"measured on {s['device_name']}: worst gap {s['itl_max_s'] * 1e3:,.0f} ms, "
-                              f"prefill {s['prefill_wall_s'] * 1e3:,.0f} ms")
+    def show(self, view: dict):
+        self.timeline = view["timeline"]
+        set_interference(self.figure, 2, view["series"])
+        set_interference_bars(self.bars, view["bars"])
+        self.table.value = table_html(view["rows"])
 
 
 # ---- lesson 07: where a request's time goes
 SPLIT_COLOURS = {"prefill_pct": "#ff7f0e", "decode_pct": PREDICTED["color"]}
+
 
 def split_figure(split: dict, title: str) -> LiveFigure:
     """Prefill and decode shares (%) per workload, stacked horizontal bars (`explore.predicted_split`
@@ -702,21 +701,13 @@ def set_split(fig: LiveFigure, split: dict):
         fig.layout.title.text = split["label"]
 
 
-class SplitLab:
+class SplitLab(LessonWidget):
     """A GPU dropdown and a batch slider over `split(gpu_name, batch)` (one labkit call, e.g.
     `explore.predicted_split` with the model bound)."""
 
     def __init__(self, split, gpus: list[str], gpu: str, batch: int, high: int):
-        self.split = split
         self.gpu = widgets.Dropdown(options=gpus, value=gpu, description="GPU")
         self.batch = int_slider("batch B", batch, 1, high)
         self.figure = split_figure(split(gpu, batch), "")
-        self.error = ErrorLine()
-        self.gpu.observe(self.on_change, names="value")
-        self.batch.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.gpu, self.batch]), self.figure.widget, self.error.widget])
-
-    def on_change(self, _change=None):
-        with self.error.guard():
-            set_split(self.figure, self.split(self.gpu.value, self.batch.value))
-            self.error.status("")
+        super().__init__({"gpu": self.gpu, "batch": self.batch}, [self.figure], lambda gpu, batch: split(gpu, batch),
+                         lambda result: set_split(self.figure, result))

@@ -235,7 +235,7 @@ def error_text(lab) -> str:
 
 @pytest.mark.timeout(300)
 def test_sliders_at_and_beyond_their_bounds_measure_or_explain(prefill_lab):
-    lab, slider = prefill_lab, prefill_lab.sliders["prompt_tokens"]
+    lab, slider = prefill_lab, prefill_lab.controls["prompt_tokens"]
     for value in (slider.max, slider.max + 10_000, slider.min, slider.min - 10_000, 0, -1):
         slider.value = value  # the widget clamps to [min, max]; a change runs one measurement
         assert slider.min <= slider.value <= slider.max
@@ -261,7 +261,7 @@ def test_bad_arguments_through_a_slider_lab_show_a_message_and_the_lab_lives(bad
                                               "repeats": 1, **bad})
     predicted = {"batch": [1, 2], "predicted_time_s": [1e-3, 2e-3]}
     lab = views.SliderLab({"batch": views.int_slider("batch B", 1, 1, 4)}, measure_fn, predicted, "batch", "B", "t")
-    lab.sliders["batch"].value = 2
+    lab.controls["batch"].value = 2
     assert lab.error.last_error is not None, f"{bad} was measured: {lab.records}"
     message = error_text(lab)
     assert "⚠" in message and len(message) > len("<span style='color:#b00'>⚠ </span>") + 5
@@ -272,10 +272,10 @@ def test_bad_arguments_through_a_slider_lab_show_a_message_and_the_lab_lives(bad
 @pytest.mark.timeout(300)
 def test_a_float_slider_value_reaching_an_integer_shape_is_explained(prefill_lab):
     lab = prefill_lab
-    lab.measure = sweeps.bind_prefill(get_model("lab-tiny"), device="cpu", repeats=1)
+    lab.compute = sweeps.bind_prefill(get_model("lab-tiny"), device="cpu", repeats=1)
     float_slider = views.widgets.FloatSlider(value=64.0, min=16.0, max=256.0, step=0.5)
     float_slider.observe(lab.on_change, names="value")
-    lab.sliders = {"prompt_tokens": float_slider}
+    lab.controls = {"prompt_tokens": float_slider}
     float_slider.value = 64.5
     assert lab.error.last_error is not None and "⚠" in error_text(lab)
 
@@ -290,7 +290,7 @@ def test_a_chart_inside_a_container_holds_its_whole_current_figure_as_widget_sta
                                                  "predicted_time_s": 1e-3, "device": "cpu"},
                           predicted, "prompt_tokens", "P", "title")
     lab.prime([{"prompt_tokens": 64}])
-    lab.sliders["prompt_tokens"].value = 128
+    lab.controls["prompt_tokens"].value = 128
 
     (shown,) = lab.figure.widget.get_state()["outputs"]
     figure = shown["data"]["application/vnd.plotly.v1+json"]

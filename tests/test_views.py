@@ -25,7 +25,7 @@ def make_lab():
 
 def test_slider_move_adds_a_measured_point_and_residual():
     lab = make_lab()
-    lab.sliders["prompt_tokens"].value = 200
+    lab.controls["prompt_tokens"].value = 200
     assert list(lab.figure.data[1].x) == [200]
     assert lab.figure.data[3].y[0] == pytest.approx(0.25)  # 1.0 / 0.8 - 1
     assert "measured" in lab.error.widget.value and lab.error.last_error is None
@@ -33,15 +33,15 @@ def test_slider_move_adds_a_measured_point_and_residual():
 
 def test_error_in_callback_shows_one_line_and_keeps_the_chart():
     lab = make_lab()
-    lab.sliders["prompt_tokens"].value = 200
-    lab.sliders["prompt_tokens"].value = 900
+    lab.controls["prompt_tokens"].value = 200
+    lab.controls["prompt_tokens"].value = 900
     assert "prompt too long" in lab.error.widget.value
     assert "Traceback" not in lab.error.widget.value
     assert list(lab.figure.data[1].x) == [200]
 
 
 def test_sliders_fire_only_on_release():
-    assert make_lab().sliders["prompt_tokens"].continuous_update is False
+    assert make_lab().controls["prompt_tokens"].continuous_update is False
 
 
 def test_noisy_points_are_drawn_apart():
@@ -75,13 +75,13 @@ def test_a_point_above_its_roof_says_why_in_the_status_line():
     lab = views.SliderLab({"prompt_tokens": views.int_slider("P", 100, 10, 1000, 10)},
                           lambda prompt_tokens: {**fake_measure(prompt_tokens), "roof_fraction": 1.2},
                           {"prompt_tokens": [10, 1000], "predicted_time_s": [8e-3, 0.8]}, "prompt_tokens", "P", "t")
-    lab.sliders["prompt_tokens"].value = 200
+    lab.controls["prompt_tokens"].value = 200
     assert "120% of the calibrated roof" in lab.error.widget.value and "calibrate --refresh" in lab.error.widget.value
     host = views.SliderLab({"prompt_tokens": views.int_slider("P", 100, 10, 1000, 10)},
                            lambda prompt_tokens: {**fake_measure(prompt_tokens), "host_bound": True},
                            {"prompt_tokens": [10, 1000], "predicted_time_s": [8e-3, 0.8]}, "prompt_tokens", "P", "t")
-    host.sliders["prompt_tokens"].value = 200
+    host.controls["prompt_tokens"].value = 200
     assert explore.HOST_BOUND_NOTE in host.error.widget.value and "calibrated roof" not in host.error.widget.value
     plain = make_lab()  # records without roof_fraction, or under the roof: no note
-    plain.sliders["prompt_tokens"].value = 200
+    plain.controls["prompt_tokens"].value = 200
     assert "calibrated roof" not in plain.error.widget.value
