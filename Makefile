@@ -92,8 +92,9 @@ gpu-check: ## Check this machine's GPU against the lab into OUT (default build/g
 	echo "$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)"; \
 	$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)
 
-# Kernels start in notebooks/ (--cwd), as they do under JupyterLab and nbval. PLOTLY_RENDERER adds an
-# HTML copy (plotly.js embedded once) to each figure: nbconvert cannot draw the plotly JSON alone.
+# Kernels start in notebooks/ (--cwd), as they do under JupyterLab and nbval. PLOTLY_RENDERER: charts as
+# plotly JSON alone, whatever the terminal; labkit.report.ReportExporter draws them (plotly.js inlined
+# once per page) and leaves out the lab template's CDN scripts, so the HTML needs no network.
 report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") into build/report/, then to static HTML
 	@set -e; \
 	if [ -z "$(NOTEBOOKS)" ]; then echo "report: no notebooks in notebooks/"; exit 0; fi; \
@@ -101,17 +102,21 @@ report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") int
 	outs=; \
 	for nb in $(NOTEBOOKS); do \
 	  out=$(REPORT)/$$(basename $$nb); outs="$$outs $$out"; \
-	  PLOTLY_RENDERER=plotly_mimetype+notebook $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS); \
+	  PLOTLY_RENDERER=plotly_mimetype $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS); \
 	done; \
-	$(VENV)/bin/jupyter nbconvert --to html --HTMLExporter.preprocessors=labkit.report.static_widgets \
-	  --output-dir $(REPORT) $$outs
+	$(VENV)/bin/jupyter nbconvert --to labkit.report.ReportExporter --output-dir $(REPORT) $$outs
 
 # --token makes Voilà ask for one; it takes the value from JUPYTER_TOKEN (kept out of `ps`).
+# --template=labkit (share/jupyter/voila/templates/labkit, found through JUPYTER_PATH): Voilà's lab
+# template without its CDN stylesheets and with the model method plotly's renderer calls; no
+# ?template= or ?theme= from the URL can swap it out.
 app: venv ## Serve NB (default notebooks/01_two_phases.ipynb) as a Voilà app on 127.0.0.1:PORT with a token
 	@$(TOKEN_SH); \
 	echo "Voila: http://127.0.0.1:$(PORT)/?token=$$token"; \
-	JUPYTER_TOKEN="$$token" exec $(VENV)/bin/voila $(NB) --no-browser --Voila.ip=127.0.0.1 \
-	  --port=$(PORT) --Voila.port_retries=0 --token
+	JUPYTER_TOKEN="$$token" JUPYTER_PATH="$(CURDIR)/share/jupyter$${JUPYTER_PATH:+:$$JUPYTER_PATH}" \
+	  exec $(VENV)/bin/voila $(NB) --no-browser --Voila.ip=127.0.0.1 \
+	  --port=$(PORT) --Voila.port_retries=0 --token --template=labkit \
+	  --VoilaConfiguration.allow_template_override=NO --VoilaConfiguration.allow_theme_override=NO
 
 strip: venv ## Remove outputs from notebooks/*.ipynb before committing (make test checks)
 	@if [ -n "$(NOTEBOOKS)" ]; then $(VENV)/bin/nbstripout $(NOTEBOOKS); else echo "strip: no notebooks"; fi
