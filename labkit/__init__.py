@@ -10,11 +10,12 @@ import shutil
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The other way round: after each product numpy's OpenBLAS threads spin for up to 2^28 cycles
 # (~0.1 s) waiting for more, and keep the cores from torch's threads (prefill's SDPA and norms run
-# next). Waiting 2^4 cycles instead, prefill at P = 2048 took 272-294 ms against 377-461 ms here
-# (2-core EPYC, processes alternating, 2026-11-29); decode steps were unchanged. Read when numpy loads.
+# next); waiting 2^4 cycles gives the cores back at once. Read when numpy loads.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # Without an NVIDIA GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
-# before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs).
+# before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs). This
+# is the one place that choice is made; `backend.triton_mode` reports it, and the tests import labkit
+# first to get the same choice.
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -58,7 +58,8 @@ import time
 from . import gpu_sections
 from .cli_args import Parser, UsageError
 from .errors import LabError
-from .gpu_run import DRY, FULL, SECTIONS, Budget, Run, error_line, write_section
+from .gpu_run import SECTIONS, Budget, Run, error_line, write_section
+from .sizes import GPU_CHECK_DRY, GPU_CHECK_FULL
 from .specs import preset_for_device_name
 
 # 7 minutes of steps: a step starts only if its section has time left, so each section can run
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
         return 2
     from .backend import device_name  # loaded by kernel_device already
     datasheet = preset_for_device_name(device_name(device)) if device == "cuda" else None
-    run = Run(args, device, KERNEL_DTYPE[device], DRY if args.dry_run else FULL,
+    run = Run(args, device, KERNEL_DTYPE[device], GPU_CHECK_DRY if args.dry_run else GPU_CHECK_FULL,
               Budget(args.budget_s, args.sections), datasheet)
     if not run_sections(run):
         return 2

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from . import roofline
+from .sizes import GpuCheckSizes as Sizes
 from .errors import LabError
 from .recordings import provenance, write_recording
 from .units import format_seconds
@@ -27,51 +28,6 @@ SECTIONS = ("calibration", "correctness", "kernels", "prefill_sweep", "decode_sw
 # Shares of --budget-s. Correctness pays the kernels' first compilation and autotuning; the
 # model sweeps pay autotuning again for every new matmul shape (M = B * P, or B in decode).
 SHARES = {"calibration": 0.05, "correctness": 0.15, "kernels": 0.20, "prefill_sweep": 0.25, "decode_sweep": 0.35}
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """What one run measures. matmuls (M, K, N); heads (H, Hkv, D); flash (P, S): P queries
-    after S - P cached keys; decode (B, S); flash_target_from / long_context: the P and S from
-    which the flash and quantised-cache targets apply. Decode batches run at `context` and
-    double while the last fits, up to max_batch; `contexts` run at batch 1."""
-
-    matmuls: tuple
-    heads: tuple
-    flash_checks: tuple
-    flash_timings: tuple
-    flash_target_from: int
-    decode_checks: tuple
-    decode_timings: tuple
-    long_context: int
-    model: str
-    prompts: tuple
-    batches: tuple
-    max_batch: int
-    context: int
-    contexts: tuple
-    warmup: int
-    repeats: int
-    measure_budget_s: float | None  # per kernel timing (labkit.measure.time_fn)
-    sweep_repeats: int | None  # None: labkit.sweeps' own
-
-
-# The full run: Llama 3.1 8B's shapes (its linears' K and N; H=32, Hkv=8, D=128), prompts to 32k, contexts to 128k.
-FULL = Sizes(
-    matmuls=((2048, 4096, 4096), (2048, 4096, 14336), (2048, 14336, 4096)), heads=(32, 8, 128),
-    flash_checks=((1024, 1024), (4096, 4096), (1024, 4096)), flash_timings=(1024, 4096, 8192, 16384),
-    flash_target_from=4096, decode_checks=((16, 8192), (1, 65536)),
-    decode_timings=((1, 16384), (1, 32768), (1, 131072), (16, 8192), (64, 8192)), long_context=32768,
-    model="llama-3.1-8b", prompts=(512, 1024, 2048, 4096, 8192, 16384, 32768), batches=(1, 8, 16, 32, 64),
-    max_batch=1024, context=8192, contexts=(1024, 8192, 32768, 65536, 131072),
-    warmup=3, repeats=20, measure_budget_s=1.0, sweep_repeats=None)
-# The same steps at toy sizes, GQA 4 kept (H=4, Hkv=1); D=16 is the kernels' smallest head.
-DRY = Sizes(
-    matmuls=((64, 32, 48), (64, 32, 112), (64, 112, 32)), heads=(4, 1, 16),
-    flash_checks=((32, 32), (64, 64), (16, 48)), flash_timings=(32, 64), flash_target_from=64,
-    decode_checks=((2, 64), (1, 256)), decode_timings=((1, 128), (1, 256), (2, 64)), long_context=256,
-    model="lab-tiny", prompts=(16, 64), batches=(1, 4), max_batch=8, context=64, contexts=(64, 256),
-    warmup=0, repeats=2, measure_budget_s=None, sweep_repeats=2)
 
 
 # ---------------------------------------------------------------- the budget and the run

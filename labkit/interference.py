@@ -37,13 +37,6 @@ import torch
 from . import backend, sweeps
 from .errors import LabError
 
-# Sizes per device: a few seconds a run on a 2-core CPU; the chapter's scale on a GPU.
-SETTINGS = {
-    "cpu": {"model": "lab-cpu", "streams": 4, "context_tokens": 1024, "prompt_tokens": 4096,
-            "chunk_tokens": 512, "chunk_range": (128, 4096, 128)},
-    "cuda": {"model": "llama-3.1-8b", "streams": 16, "context_tokens": 4096, "prompt_tokens": 32768,
-             "chunk_tokens": 2048, "chunk_range": (512, 32768, 512)},
-}
 BEFORE_STEPS = 4  # decode steps before the prompt arrives: the streams' undisturbed ITL
 AFTER_STEPS = 3  # decode steps after its prefill is done
 WARMUP_TOKENS = 256  # an untimed prefill of this many tokens first (allocator, thread pool)
@@ -84,11 +77,6 @@ class Timeline:
             "prefill_wall_s": self.chunk_spans_s[-1][1] - self.chunk_spans_s[0][0],
             "prefill_compute_s": float(sum(end - start for start, end in self.chunk_spans_s)),
         }
-
-
-def settings(device: str) -> dict:
-    """Default sizes and the chunk slider's (low, high, step) for "cpu" or "cuda"."""
-    return SETTINGS[device]
 
 
 def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int = 1024,

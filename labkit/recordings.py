@@ -33,7 +33,7 @@ def provenance(device: str, command: str | None = None) -> dict:
     """Where and how a measurement was made. `command` defaults to this process's argv."""
     import torch  # here, not at the top: reading recordings should not need torch
 
-    from .backend import device_name
+    from .backend import device_name  # backend imports torch too
 
     kind = torch.device(getattr(device, "device", device)).type
     return {

@@ -7,6 +7,8 @@ Llama 3.1 8B. The lessons, the CLI and the GPU check read their per-device sizes
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .errors import LabError
 
 # The model and slider ranges each device gets: on a CPU the lab's small model, sized so the
@@ -30,3 +32,66 @@ def lab_settings(device: str) -> dict:
 # summarisation prompt (60,000) becomes 7,500, inside lab-cpu's 8,192-token context and past its
 # attention crossover (~3,075 tokens, kernel counting) as 60,000 is past the 8B's (~53,247).
 CPU_SHAPE_SCALE = 8
+
+
+# ---- lesson 06: a long prefill among decoding streams (labkit.interference)
+# Sizes per device: a few seconds a run on a 2-core CPU; the chapter's scale on a GPU.
+CHUNKING = {
+    "cpu": {"model": "lab-cpu", "streams": 4, "context_tokens": 1024, "prompt_tokens": 4096,
+            "chunk_tokens": 512, "chunk_range": (128, 4096, 128)},
+    "cuda": {"model": "llama-3.1-8b", "streams": 16, "context_tokens": 4096, "prompt_tokens": 32768,
+             "chunk_tokens": 2048, "chunk_range": (512, 32768, 512)},
+}
+
+
+def chunking(device: str) -> dict:
+    """Lesson 06's default sizes and its chunk slider's (low, high, step) for "cpu" or "cuda"."""
+    if device not in CHUNKING:
+        raise LabError(f"no chunking sizes for device {device!r}; known: {', '.join(CHUNKING)}")
+    return CHUNKING[device]
+
+
+# ---- the GPU check (labkit.gpu_check): a full run on a GPU, a dry run at toy sizes anywhere
+@dataclass(frozen=True)
+class GpuCheckSizes:
+    """What one run measures. matmuls (M, K, N); heads (H, Hkv, D); flash (P, S): P queries
+    after S - P cached keys; decode (B, S); flash_target_from / long_context: the P and S from
+    which the flash and quantised-cache targets apply. Decode batches run at `context` and
+    double while the last fits, up to max_batch; `contexts` run at batch 1."""
+
+    matmuls: tuple
+    heads: tuple
+    flash_checks: tuple
+    flash_timings: tuple
+    flash_target_from: int
+    decode_checks: tuple
+    decode_timings: tuple
+    long_context: int
+    model: str
+    prompts: tuple
+    batches: tuple
+    max_batch: int
+    context: int
+    contexts: tuple
+    warmup: int
+    repeats: int
+    measure_budget_s: float | None  # per kernel timing (labkit.measure.time_fn)
+    sweep_repeats: int | None  # None: labkit.sweeps' own
+
+
+# The full run: Llama 3.1 8B's shapes (its linears' K and N; H=32, Hkv=8, D=128), prompts to 32k, contexts to 128k.
+GPU_CHECK_FULL = GpuCheckSizes(
+    matmuls=((2048, 4096, 4096), (2048, 4096, 14336), (2048, 14336, 4096)), heads=(32, 8, 128),
+    flash_checks=((1024, 1024), (4096, 4096), (1024, 4096)), flash_timings=(1024, 4096, 8192, 16384),
+    flash_target_from=4096, decode_checks=((16, 8192), (1, 65536)),
+    decode_timings=((1, 16384), (1, 32768), (1, 131072), (16, 8192), (64, 8192)), long_context=32768,
+    model=LAB_SETTINGS["cuda"]["model"], prompts=(512, 1024, 2048, 4096, 8192, 16384, 32768), batches=(1, 8, 16, 32, 64),
+    max_batch=1024, context=LAB_SETTINGS["cuda"]["context"][3], contexts=(1024, 8192, 32768, 65536, 131072),
+    warmup=3, repeats=20, measure_budget_s=1.0, sweep_repeats=None)
+# The same steps at toy sizes, GQA 4 kept (H=4, Hkv=1); D=16 is the kernels' smallest head.
+GPU_CHECK_DRY = GpuCheckSizes(
+    matmuls=((64, 32, 48), (64, 32, 112), (64, 112, 32)), heads=(4, 1, 16),
+    flash_checks=((32, 32), (64, 64), (16, 48)), flash_timings=(32, 64), flash_target_from=64,
+    decode_checks=((2, 64), (1, 256)), decode_timings=((1, 128), (1, 256), (2, 64)), long_context=256,
+    model="lab-tiny", prompts=(16, 64), batches=(1, 4), max_batch=8, context=64, contexts=(64, 256),
+    warmup=0, repeats=2, measure_budget_s=None, sweep_repeats=2)

@@ -17,7 +17,7 @@ def format_seconds(seconds: float) -> str:
 
 def format_rate(value: float, unit: str) -> str:
     """A rate with an SI prefix: format_rate(3.35e12, "B/s") == "3.35 TB/s"."""
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
             return f"{_three_digits(value / scale)} {prefix}{unit}"
     return f"{_three_digits(value)} {unit}"

@@ -5,9 +5,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-if shutil.which("nvidia-smi") is None:
-    # No NVIDIA driver: run the Triton kernels in Triton's interpreter on CPU (slow).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import labkit  # noqa: E402,F401 — its import chooses Triton's interpreter when there is no NVIDIA driver
 
 # A fresh cache per session under build/, so tests never read or write the user's labkit cache;
 # removed when the session ends (only if this file made it).

@@ -17,7 +17,8 @@ import pytest
 from labkit import gpu_check as command
 from labkit import gpu_run as gc_run
 from labkit.gpu_check import NO_GPU
-from labkit.gpu_run import DRY, SECTIONS, SHARES, Budget
+from labkit.gpu_run import SECTIONS, SHARES, Budget
+from labkit.sizes import GPU_CHECK_DRY as DRY
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"^(?P<section>[a-z_]+)-[a-z0-9-]+-\d{8}-\d{4}(-\d+)?\.json$")

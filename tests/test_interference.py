@@ -62,7 +62,10 @@ def test_bad_sizes_are_refused(bad):
 
 
 def test_settings_for_both_devices():
+    from labkit import sizes
     for device in ("cpu", "cuda"):
-        s = i.settings(device)
+        s = sizes.chunking(device)
         low, high, step = s["chunk_range"]
         assert low <= s["chunk_tokens"] <= high and s["prompt_tokens"] <= high
+    with pytest.raises(LabError, match="known: cpu, cuda"):
+        sizes.chunking("tpu")
