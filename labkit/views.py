@@ -576,7 +576,7 @@ class BatchingLab(LessonWidget):
     is one labkit call (e.g. a partial of `explore.batching_bars`)."""
 
     def __init__(self, bars, max_batch: int, low: int, high: int, title: str):
-        self.slider = int_slider("max batch", max_batch, low, high)
+        self.bars, self.slider = bars, int_slider("max batch", max_batch, low, high)
         self.figure = batching_figure(bars(max_batch), title)
         super().__init__({"max_batch": self.slider}, [self.figure], bars,
                          lambda result: set_batching(self.figure, result),

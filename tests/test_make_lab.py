@@ -158,9 +158,16 @@ def kernel_cwd(kernel_id: str) -> str | None:
     return None
 
 
-def check_kernel(server: Server):
-    """One session, for lesson 01, its kernel idle and started in notebooks/ (the lessons read ../data)."""
-    sessions = server.api("GET", "/api/sessions")
+def check_kernel(server: Server, timeout_s: float = 60):
+    """One session, for lesson 01, its kernel idle and started in notebooks/ (the lessons read ../data).
+    Polled: the page's indicator can read idle a moment before the server lists the session."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sessions = server.api("GET", "/api/sessions")
+        ready = len(sessions) == 1 and sessions[0]["kernel"]["execution_state"] == "idle"
+        if ready or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
     assert [s["path"] for s in sessions] == [LESSON], sessions
     kernel = sessions[0]["kernel"]
     assert kernel["execution_state"] == "idle", kernel
