@@ -27,3 +27,10 @@ def test_every_command_line_in_the_readme_parses():
     assert len(lines) >= 8, lines
     for line in lines:
         cli.build_parser().parse_args(shlex.split(line)[3:])  # exits (SystemExit 2) on a bad flag
+
+
+def test_the_timing_figures_are_labkit_s():
+    from labkit import sweeps, timing
+    assert f"within {timing.CONFIRM_TOLERANCE:.0%}".replace("%", " %") in README
+    assert f"in about {sweeps.CPU_BUDGET_S:.0f} s and at most {sweeps.CPU_MAX_BUDGET_S:.0f} s" in README
+    assert f"for about {sweeps.CPU_BUDGET_S:.0f} s (up to {sweeps.CPU_MAX_BUDGET_S:.0f} s while the machine is busy)" in README
