@@ -7,6 +7,8 @@ lesson's sentence becomes false, and `make test` fails.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 
 from . import batching, quiz, sizes, timing, traces, workloads
@@ -55,6 +57,10 @@ def lesson_02() -> dict[str, str]:
     short, long = 2048, 32768
     t_short = r.compute_time_s(r.prefill_flops(model, short), h100, "bf16", r.CHAPTER_MFU)
     t_long = r.compute_time_s(r.prefill_flops(model, long), h100, "bf16", r.CHAPTER_MFU)
+    # The datasheet chart's grid (128 .. the long prompt): what the causal kernel executes of the
+    # chapter's count there.
+    grid = [128 * 2 ** i for i in range(int(math.log2(long / 128)) + 1)]
+    kernel_share = [r.prefill_flops(model, p, 1, r.KERNEL) / r.prefill_flops(model, p) for p in grid]
     return {
         "params_billion": fmt(r.param_count(model) / 1e9, 2),
         "layers": fmt(model.n_layers), "hidden": fmt(model.hidden_size), "two": fmt(2), "four": fmt(4),
@@ -70,7 +76,21 @@ def lesson_02() -> dict[str, str]:
         "t_short_ms": fmt(1000 * t_short), "t_long_s": fmt(t_long, 1),
         "ratio": fmt(t_long / t_short), "naive_ratio": fmt(long / short),
         "square_ratio": fmt((long / short) ** 2),
+        **_doubling(model, long), **_doubling(model, 4 * long, "far_"),
+        "kernel_share_low": fmt(min(kernel_share), 2), "kernel_share_high": fmt(max(kernel_share), 2),
     }
+
+
+def _doubling(model, prompt: int, prefix: str = "") -> dict[str, str]:
+    """Lesson 02: how much one more doubling of the prompt costs from `prompt` tokens (a FLOP
+    ratio, so a time ratio at a fixed utilisation), counted the chapter's way and the kernels'."""
+    chapter = r.prefill_flops(model, 2 * prompt) / r.prefill_flops(model, prompt)
+    kernel = r.prefill_flops(model, 2 * prompt, 1, r.KERNEL) / r.prefill_flops(model, prompt, 1, r.KERNEL)
+    figures = {f"{prefix}doubling_from": fmt(prompt), f"{prefix}doubling_to": fmt(2 * prompt),
+               f"{prefix}doubling_ratio": fmt(chapter, 2)}
+    if not prefix:
+        figures["doubling_ratio_kernel"] = fmt(kernel, 2)
+    return figures
 
 
 def lesson_03() -> dict[str, str]:
@@ -115,7 +135,32 @@ def lesson_04() -> dict[str, str]:
         "weights_gb_rounded": fmt(round(r.weight_bytes(model), -9) / 1e9),
         "batch_8bit_chapter": fmt(round(r.decode_compute_bound_batch(model, h100, weight_dtype="fp8"), -1)),
         "prefill_share_at_chat_pct": fmt(100 * r.attention_share(model, 2000)),
+        # The embedding table's place in "the weights": decode gathers B rows of it, streams the rest.
+        "embedding_gb": fmt((r.weight_bytes(model) - r.weight_bytes(model, "bf16", "matmul")) / 1e9, 2),
+        "streamed_gb": fmt(r.weight_bytes(model, "bf16", "matmul") / 1e9, 2),
+        "share_long_streamed_pct": fmt(100 * r.cache_share(model, 1, 131072, params="matmul"), 1),
+        "share_batch_streamed_pct": fmt(100 * r.cache_share(model, 64, 8192, params="matmul"), 1),
+        "tokens_alone_streamed": fmt(r.tokens_per_s_per_sequence(
+            r.memory_time_s(r.weight_bytes(model, "bf16", "matmul"), h100, eff))),
+        # Readings of the chapter's "about 150", and the context past which no batch is compute-bound.
+        "batch_half_peak": fmt(r.decode_compute_bound_batch(
+            model, dataclasses.replace(h100, bf16_flops_per_s=h100.bf16_flops_per_s / 2))),
+        "batch_planning": fmt(r.decode_compute_bound_batch(model, dataclasses.replace(
+            h100, bf16_flops_per_s=r.CHAPTER_MFU * h100.bf16_flops_per_s,
+            memory_bandwidth_bytes_per_s=eff * h100.memory_bandwidth_bytes_per_s))),
+        "no_ridge_from_tokens": fmt(_first_context_without_ridge(model, h100)),
+        "mixed_low_pct": fmt(100 / 3), "mixed_high_pct": fmt(50), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
     }
+
+
+def _first_context_without_ridge(model, hardware, limit: int = 1 << 20) -> int:
+    """The shortest context at which no batch makes decode compute-bound (bf16 weights and cache):
+    past it every added sequence brings as many bytes of cache as FLOPs (bisection)."""
+    low, high = 0, limit  # a batch exists at `low`; none at `high`
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if r.decode_compute_bound_batch(model, hardware, middle) else (low, middle)
+    return high
 
 
 def lesson_06() -> dict[str, str]:
