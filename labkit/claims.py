@@ -220,7 +220,8 @@ def lesson_08() -> dict[str, str]:
             "prompt": fmt(quiz.PROMPT), "short": fmt(quiz.SHORT), "long": fmt(quiz.LONG),
             "scores_tokens": fmt(quiz.SCORES_TOKENS), "stall_prompt": fmt(quiz.STALL_PROMPT),
             "mfu_pct": fmt(100 * r.CHAPTER_MFU), "context": fmt(quiz.CONTEXT), "batch": fmt(quiz.BATCH),
-            "logits_prompt": fmt(quiz.LOGITS_PROMPT)}
+            "logits_prompt": fmt(quiz.LOGITS_PROMPT), "long_context": fmt(quiz.LONG_CONTEXT),
+            "tiny_chunk": fmt(quiz.CHUNKS[0]), "chunk": fmt(quiz.CHUNKS[1])}
 
 LESSONS = {"01": lesson_01, "02": lesson_02, "03": lesson_03, "04": lesson_04, "05": lesson_05, "06": lesson_06,
            "07": lesson_07, "08": lesson_08}

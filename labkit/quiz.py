@@ -42,6 +42,10 @@ class Question:
     working: Callable[[], str]
     rel_tol: float
     hint: str
+    # Other defensible countings: {how it was counted: its value}. `accepts_others`: the question
+    # allows them (a right answer); else an answer matching one was "counted differently".
+    others: Callable[[], dict[str, float]] = lambda: {}
+    accepts_others: bool = False
 
 
 def _setting():
@@ -61,9 +65,13 @@ def _crossover():
     return r.crossover_tokens(_setting()[0])
 
 
-def _prefill_s(tokens):
+def _prefill_s(tokens, counting: r.Counting = r.CHAPTER):
     m, h = _setting()
-    return r.compute_time_s(r.prefill_flops(m, tokens), h, "bf16", r.CHAPTER_MFU)
+    return r.compute_time_s(r.prefill_flops(m, tokens, 1, counting), h, "bf16", r.CHAPTER_MFU)
+
+
+KERNEL_COUNTING = "counting what the kernels execute (the causal half of attention, matmul weights only)"
+CHAPTER_COUNTING = "counting as the chapter does (the full P × P square, all N parameters)"
 
 
 def _kv_kib():
@@ -97,17 +105,21 @@ QUESTIONS: dict[str, Question] = {
                          f"ratio {_intensity_gap():,.0f}"),
         0.10, "one read of the weights serves every prompt token in prefill, but one token per sequence in decode"),
     "crossover": Question(
-        "the prompt length where attention's FLOPs equal the linear term's, Llama 3.1 8B", "tokens", _crossover,
+        f"the prompt length where attention's FLOPs equal the linear term's, Llama 3.1 8B, {CHAPTER_COUNTING}",
+        "tokens", _crossover,
         _explain(lambda: f"2NP = 4LP²d  →  P = N / (2Ld) = {r.param_count(_setting()[0]):,} / "
                          f"(2 × {_setting()[0].n_layers} × {_setting()[0].hidden_size:,}) = {_crossover():,.0f} tokens"),
-        0.03, "set 2NP equal to 4LP²d and solve for P; N counts all the parameters"),
+        0.03, "set 2NP equal to 4LP²d and solve for P; N counts all the parameters",
+        lambda: {KERNEL_COUNTING: r.crossover_tokens(_setting()[0], r.KERNEL),
+                 "counting the causal half of attention": r.crossover_tokens(_setting()[0], r.Counting("causal", "all"))}),
     "long_prompt_ratio": Question(
-        "how many times longer a 32,768-token prefill takes than a 2,048-token one", "x",
+        f"how many times longer a 32,768-token prefill takes than a 2,048-token one, {CHAPTER_COUNTING}", "x",
         lambda: _prefill_s(LONG) / _prefill_s(SHORT),
         _explain(lambda: f"(2N·{LONG:,} + 4L·{LONG:,}²·d) / (2N·{SHORT:,} + 4L·{SHORT:,}²·d) = "
                          f"{_prefill_s(LONG) * 1e3:,.0f} ms / {_prefill_s(SHORT) * 1e3:,.0f} ms = "
                          f"{_prefill_s(LONG) / _prefill_s(SHORT):.1f}"),
-        0.08, "the prompt is sixteen times longer, but the attention term grows with its square"),
+        0.08, "the prompt is sixteen times longer, but the attention term grows with its square",
+        lambda: {KERNEL_COUNTING: _prefill_s(LONG, r.KERNEL) / _prefill_s(SHORT, r.KERNEL)}),
     "score_matrix_gb": Question(
         "the bytes of one head's score matrix at 120,000 tokens in bf16", "GB",
         lambda: r.score_matrix_bytes(SCORES_TOKENS) / 1e9,
@@ -117,9 +129,10 @@ QUESTIONS: dict[str, Question] = {
         "how long a 50,000-token prefill holds an H100 at 40% of dense peak", "s", lambda: _prefill_s(STALL_PROMPT),
         _explain(lambda: f"FLOPs = 2NP + 4LP²d = {r.prefill_flops(_setting()[0], STALL_PROMPT):.3g}; at "
                          f"{r.CHAPTER_MFU:.0%} of {_setting()[1].bf16_flops_per_s:.3g} FLOP/s: "
-                         f"{_prefill_s(STALL_PROMPT):.1f} s (counting only the causal half of attention, "
-                         f"as a kernel does: less)"),
-        0.15, "at 50,000 tokens the attention term is larger than the linear one; divide by 40% of the peak"),
+                         f"{_prefill_s(STALL_PROMPT):.2f} s {CHAPTER_COUNTING}; "
+                         f"{_prefill_s(STALL_PROMPT, r.KERNEL):.1f} s {KERNEL_COUNTING}, as lesson 06 counts"),
+        0.15, "at 50,000 tokens the attention term is larger than the linear one; divide by 40% of the peak",
+        lambda: {KERNEL_COUNTING: _prefill_s(STALL_PROMPT, r.KERNEL)}, accepts_others=True),
     "kv_kib_per_token": Question(
         "the KV-cache bytes one token adds for Llama 3.1 8B in bf16", "KiB", _kv_kib,
         _explain(lambda: f"2 (K and V) × {_setting()[0].n_layers} layers × {_setting()[0].n_kv_heads} kv heads × "
@@ -158,6 +171,11 @@ QUESTIONS: dict[str, Question] = {
 }
 
 
+def _num(value: float) -> str:
+    """Four significant digits, and no exponent for a large number (53,247, not 5.325e+04)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.4g}"
+
+
 def check(name: str, answer) -> str:
     """One line of feedback on `answer` to question `name`; never raises."""
     question = QUESTIONS.get(name)
@@ -172,13 +190,21 @@ def check(name: str, answer) -> str:
         return f"{name}: expected a finite number in {question.unit}, got {value!r}."
     expected = float(question.expected())
     if abs(value - expected) <= question.rel_tol * abs(expected):
-        return f"{name}: right — {value:,.4g} {question.unit} (labkit computes {expected:,.4g})."
+        return f"{name}: right — {_num(value)} {question.unit} (labkit computes {_num(expected)})."
+    for how, other in question.others().items():
+        if abs(value - other) <= question.rel_tol * abs(other):
+            if question.accepts_others:
+                return (f"{name}: right, {how} — {_num(value)} {question.unit} (labkit computes {_num(other)}; "
+                        f"the chapter's count gives {_num(expected)}).")
+            return (f"{name}: counted differently — {_num(value)} {question.unit} is the answer {how} (labkit: "
+                    f"{_num(other)}). Not wrong, but this question asks for the chapter's count: {_num(expected)} "
+                    f"{question.unit}.")
     if value == 0 or (value > 0) != (expected > 0):
         off = "has the wrong sign or is zero"
     else:
         ratio = value / expected
         off = f"is {ratio:,.3g} times too large" if ratio > 1 else f"is {1 / ratio:,.3g} times too small"
-    return f"{name}: not yet — {value:,.4g} {question.unit} {off}. Reconsider: {question.hint}."
+    return f"{name}: not yet — {_num(value)} {question.unit} {off}. Reconsider: {question.hint}."
 
 
 def show_answer(name: str) -> str:
@@ -187,6 +213,98 @@ def show_answer(name: str) -> str:
     if question is None:
         return f"unknown question {name!r}; known: {', '.join(QUESTIONS)}"
     return f"{name} ({question.ask}):\n  {question.working()}"
+
+
+# ---------------------------------------------------------------- questions of judgement: pick one
+LONG_CONTEXT = 131_072  # tokens, one user's long conversation
+CHUNKS = (32, 2048)  # tokens, the chunk sizes offered
+@dataclass(frozen=True)
+class Choice:
+    """A conceptual question: the options, labkit's answer computed from the formulas (`answer`),
+    why (`why`), and what each wrong option overlooks (`slips`)."""
+
+    ask: str
+    options: tuple[str, ...]
+    answer: Callable[[], str]
+    why: Callable[[], str]
+    slips: dict = None
+
+
+def _regime_at(batch: int, context: int) -> str:
+    return r.decode_regime(r.cache_share(_setting()[0], batch, context))
+
+
+def _smallest_compute_bound_chunk(chunks) -> int:
+    """The smallest of `chunks` whose prefill pass is still above the ridge (compute-bound)."""
+    return min(c for c in chunks if r.prefill_intensity_flops_per_byte(_setting()[0], c) >= _ridge())
+
+
+def _bound_phase() -> str:
+    m, h = _setting()
+    return "prefill" if r.prefill_intensity_flops_per_byte(m, PROMPT) >= _ridge() else "decode"
+
+
+CHOICES: dict[str, Choice] = {
+    "regime_long_chat": Choice(
+        f"One user, {LONG_CONTEXT:,} tokens of context on Llama 3.1 8B: which regime is decode in?",
+        ("weights-dominated", "mixed", "cache-dominated"),
+        lambda: _regime_at(1, LONG_CONTEXT),
+        lambda: f"the cache is {100 * r.cache_share(_setting()[0], 1, LONG_CONTEXT):.0f}% of a step's read "
+                f"(mixed from {100 * r.WEIGHTS_DOMINATED_BELOW:.0f}%, cache-dominated from {100 * r.CACHE_DOMINATED_FROM:.0f}%)",
+        {"weights-dominated": "one user, but a long cache: 128 KiB for each of its tokens",
+         "cache-dominated": "the weights are still almost half the read at batch one"}),
+    "lever_loaded_batch": Choice(
+        "64 users at 8,192 tokens each are streaming too slowly. Which lever helps most?",
+        ("quantise the weights to 8 bits", "an fp8 KV cache", "a faster GPU with the same bandwidth"),
+        lambda: "an fp8 KV cache" if r.cache_share(_setting()[0], BATCH, CONTEXT) > 0.5 else "quantise the weights to 8 bits",
+        lambda: f"the cache is {100 * r.cache_share(_setting()[0], BATCH, CONTEXT):.0f}% of the read: halving it "
+                f"saves far more than halving the weights",
+        {"quantise the weights to 8 bits": "the weights are under a fifth of this step's read",
+         "a faster GPU with the same bandwidth": "decode here waits on memory, not on arithmetic"}),
+    "phase_prompt": Choice(
+        "A 2,000-token prompt on an H100: is its prefill bound by arithmetic or by memory?",
+        ("arithmetic (compute-bound)", "memory (bandwidth-bound)"),
+        lambda: "arithmetic (compute-bound)" if _bound_phase() == "prefill" else "memory (bandwidth-bound)",
+        lambda: f"its intensity, {r.prefill_intensity_flops_per_byte(_setting()[0], PROMPT):,.0f} FLOP/byte, is far "
+                f"above the ridge of {_ridge():,.0f}",
+        {"memory (bandwidth-bound)": "one read of the weights serves every one of the 2,000 prompt tokens"}),
+    "chunk_size": Choice(
+        "Streams decode while 50,000-token prompts arrive. Which chunk size keeps their gaps shortest "
+        "while the long prompt still finishes?",
+        ("no chunking", f"{CHUNKS[1]:,} tokens", f"{CHUNKS[0]:,} tokens"),
+        lambda: f"{_smallest_compute_bound_chunk(CHUNKS):,} tokens",
+        lambda: f"a chunk bounds the stall each decode step waits for; a 2,048-token chunk still does "
+                f"{r.prefill_intensity_flops_per_byte(_setting()[0], 2048):,.0f} FLOP per byte, above the ridge "
+                f"of {_ridge():,.0f}, while a 32-token chunk does {r.prefill_intensity_flops_per_byte(_setting()[0], 32):,.0f}"
+                f" and turns the long prompt's prefill bandwidth-bound",
+        {"no chunking": f"the whole prompt holds the GPU for {_prefill_s(STALL_PROMPT, r.KERNEL):.1f} s: every "
+                        "stream stalls that long",
+         "32 tokens": "each chunk re-reads all the weights for very few tokens: the long prompt's prefill "
+                      "turns bandwidth-bound and takes far longer"}),
+}
+
+
+def show_choice_answer(name: str) -> str:
+    """Labkit's pick for conceptual question `name`, and why."""
+    choice = CHOICES.get(name)
+    if choice is None:
+        return f"unknown question {name!r}; known: {', '.join(CHOICES)}"
+    return f"{name} ({choice.ask}):\n  {choice.answer()}: {choice.why()}"
+
+
+def check_choice(name: str, answer) -> str:
+    """One line of feedback on a pick for conceptual question `name`; never raises."""
+    choice = CHOICES.get(name)
+    if choice is None:
+        return f"unknown question {name!r}; known: {', '.join(CHOICES)}"
+    if answer is None:
+        return f"{name}: not answered yet — pick one of: {'; '.join(choice.options)}."
+    if answer not in choice.options:
+        return f"{name}: {answer!r} is not one of the options: {'; '.join(choice.options)}."
+    if answer == choice.answer():
+        return f"{name}: right — {answer}: {choice.why()}."
+    slip = (choice.slips or {}).get(answer, "look again at which part of the work grows")
+    return f"{name}: not this one — {answer}: {slip}. Reconsider."
 
 
 # ---------------------------------------------------------------- one check function per question

@@ -45,3 +45,42 @@ def test_zero_negative_and_unknown():
     assert "wrong sign or is zero" in quiz.check_ridge(0)
     assert "wrong sign or is zero" in quiz.check_ridge(-295)
     assert "unknown question" in quiz.check("nope", 1) and "unknown question" in quiz.show_answer("nope")
+
+
+def test_an_answer_counted_the_kernels_way_is_told_apart_from_a_wrong_one():
+    from labkit import roofline as r
+    kernel_crossover = r.crossover_tokens(quiz._setting()[0], r.KERNEL)
+    line = quiz.check_crossover(kernel_crossover)
+    assert line.startswith("crossover: counted differently") and "30,633" in line and "not yet" not in line
+    assert quiz.check_long_prompt_ratio(24.9).startswith("long_prompt_ratio: counted differently")
+    assert quiz.check_crossover(1000).startswith("crossover: not yet")
+
+
+def test_the_stall_question_accepts_either_count_and_says_which():
+    assert quiz.check_stall_s(3.4).startswith("stall_s: right, counting what the kernels execute")
+    assert quiz.check_stall_s(5.34).startswith("stall_s: right —")
+    assert "5.34 s counting as the chapter does" in quiz.show_answer("stall_s")
+
+
+def test_large_answers_are_written_without_an_exponent():
+    assert "e+" not in quiz.check_crossover(53_247) and "53,247" in quiz.check_crossover(53_247)
+
+
+@pytest.mark.parametrize("name", list(quiz.CHOICES))
+def test_each_judgement_question_has_a_computed_answer_among_its_options(name):
+    choice = quiz.CHOICES[name]
+    assert choice.answer() in choice.options
+    assert quiz.check_choice(name, choice.answer()).startswith(f"{name}: right")
+    for wrong in (o for o in choice.options if o != choice.answer()):
+        assert quiz.check_choice(name, wrong).startswith(f"{name}: not this one")
+    assert "not answered yet" in quiz.check_choice(name, None)
+    assert "not one of the options" in quiz.check_choice(name, "something else")
+    assert choice.answer() in quiz.show_choice_answer(name)
+
+
+def test_the_judgement_answers_follow_the_formulas():
+    assert quiz.CHOICES["regime_long_chat"].answer() == "mixed"  # 52 % of the read
+    assert quiz.CHOICES["lever_loaded_batch"].answer() == "an fp8 KV cache"  # 81 %
+    assert quiz.CHOICES["phase_prompt"].answer() == "arithmetic (compute-bound)"
+    assert quiz.CHOICES["chunk_size"].answer() == "2,048 tokens"
+    assert quiz.check_choice("nonsense", 1).startswith("unknown question")
