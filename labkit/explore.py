@@ -155,6 +155,15 @@ def decode_prediction(model: ModelSpec, hardware: HardwareSpec, batches: list[in
                                                            cache_dtype, counting) for b in batches]}
 
 
+def fix_lists() -> list[dict]:
+    """The chapter's two fix lists (`workloads.PREFILL_LEVERS`, `DECODE_LEVERS`), one row per
+    phase with the clock it sets and the resource it waits on, for a table."""
+    return [{"phase": "prefill", "sets": "time to first token (TTFT)", "waits on": "arithmetic (FLOP/s)",
+             "fixed by": ", ".join(workloads.PREFILL_LEVERS)},
+            {"phase": "decode", "sets": "inter-token latency (ITL), tokens per second", "waits on": "memory bandwidth",
+             "fixed by": ", ".join(workloads.DECODE_LEVERS)}]
+
+
 # ---- lesson 02: prefill's two terms
 def prefill_terms(model: ModelSpec, prompts: list[int], counting: r.Counting = r.CHAPTER) -> dict:
     """Linear and attention FLOPs of one prefill at each prompt length, attention's share of
@@ -432,13 +441,20 @@ def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dic
     """`workloads.request_time_split` for every shape on `hardware` at `batch`: shares (%) and
     per-request times, as bar-chart lists."""
     rows = workloads.time_split_table(model, hardware, batch)
-    return {"titles": [workloads.get_workload(row["workload"]).title for row in rows],
+    names = [workloads.get_workload(row["workload"]).title for row in rows]
+    fits = [row["fits_in_memory"] for row in rows]
+    too_big = [name for name, fit in zip(names, fits) if not fit]
+    return {"titles": [name if fit else f"{name} (does not fit)" for name, fit in zip(names, fits)],
+            "names": names, "noisy": [not fit for fit in fits],  # drawn pale, like an untrustworthy bar
             "prefill_pct": [100 * row["prefill_share"] for row in rows],
             "decode_pct": [100 * row["decode_share"] for row in rows],
             "prefill_s": [row["prefill_s"] for row in rows], "decode_s": [row["decode_s"] for row in rows],
-            "chapter": [row["chapter_split"] for row in rows], "fits": [row["fits_in_memory"] for row in rows],
-            "label": f"{model.name} on {hardware.name} (roofline, {r.CHAPTER_MFU:.0%} MFU, "
-                     f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth), batch {batch}"}
+            "chapter": [row["chapter_split"] for row in rows], "fits": fits,
+            "label": f"{model.name} on {hardware.name} (roofline, chapter counting, {r.CHAPTER_MFU:.0%} MFU, "
+                     f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth), batch {batch}",
+            "note": (f"at batch {batch}, {', '.join(too_big)} need more than the {hardware.name}'s "
+                     f"{hardware.memory_bytes / 1e9:,.0f} GB (weights, every request's cache and the prefill's "
+                     f"activations): their bars, drawn pale, show a batch that cannot run" if too_big else "")}
 
 
 def measured_split(results: list[dict], titles: list[str]) -> dict:

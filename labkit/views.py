@@ -708,6 +708,8 @@ class SplitLab(LessonWidget):
     def __init__(self, split, gpus: list[str], gpu: str, batch: int, high: int):
         self.gpu = widgets.Dropdown(options=gpus, value=gpu, description="GPU")
         self.batch = int_slider("batch B", batch, 1, high)
-        self.figure = split_figure(split(gpu, batch), "")
+        first = split(gpu, batch)
+        self.figure = split_figure(first, "")
         super().__init__({"gpu": self.gpu, "batch": self.batch}, [self.figure], lambda gpu, batch: split(gpu, batch),
-                         lambda result: set_split(self.figure, result))
+                         lambda result: set_split(self.figure, result), lambda result: result.get("note", ""))
+        self.error.status(self.describe(first))

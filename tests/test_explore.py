@@ -143,3 +143,18 @@ def test_point_notes_gathers_what_a_reader_of_one_point_should_know():
     assert explore.point_notes({"roof_fraction": 0.8, "host_bound": None}) == [] and explore.point_notes({}) == []
     both = explore.point_notes({"roof_fraction": 1.2, "host_bound": True})
     assert both == [explore.above_roof_note(1.2), explore.HOST_BOUND_NOTE]
+
+
+def test_the_two_fix_lists_share_no_lever():
+    rows = explore.fix_lists()
+    prefill, decode = (set(row["fixed by"].split(", ")) for row in rows)
+    assert [row["phase"] for row in rows] == ["prefill", "decode"] and prefill and decode
+    assert not prefill & decode
+    assert "TTFT" in rows[0]["sets"] and "ITL" in rows[1]["sets"]
+
+
+def test_a_predicted_split_names_the_shapes_that_do_not_fit():
+    split = explore.predicted_split(EIGHT_B, H100, 256)
+    assert not all(split["fits"]) and split["noisy"] == [not fit for fit in split["fits"]]
+    assert all(("does not fit" in title) != fit for title, fit in zip(split["titles"], split["fits"]))
+    assert "cannot run" in split["note"] and explore.predicted_split(EIGHT_B, H100, 1)["note"] == ""
