@@ -87,8 +87,11 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 
 # A GPU image may have torch/triton/numpy but no venv and no Jupyter: then the system python3
 # runs it (`-m` from the repo root finds labkit without installing it).
+# A dry run (DRY=1, as `make test` runs it, often while the machine is busy) keeps its calibration in
+# build/test-cache/gpu-check-dry, never in the user's labkit cache (~/.cache/labkit or LABKIT_CACHE_DIR).
 gpu-check: ## Check this machine's GPU against the lab into OUT (default build/gpu-check; DRY=1: dry run, no GPU needed)
 	@py=python3; if [ -x $(PY) ] && $(PY) -c '' 2>/dev/null; then py=$(PY); fi; \
+	$(if $(filter 1,$(DRY)),export LABKIT_CACHE_DIR="$(CURDIR)/build/test-cache/gpu-check-dry";) \
 	echo "$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)"; \
 	$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)
 

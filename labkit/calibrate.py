@@ -1,27 +1,40 @@
-"""Measure this machine's own roofline: memory bandwidth and matmul peak per dtype.
+"""Measure this machine's own roofline: bandwidth by working set, and matmul peak per dtype.
 
 A datasheet says what a chip could do; the lab's CPU path needs to know what *this* machine
-does, and a GPU's datasheet peak is rarely reached. `calibrate` measures, in about 10 s on a
+does, and a GPU's datasheet peak is rarely reached. `calibrate` measures, in about 15 s on a
 2-core CPU and a few seconds on a GPU:
 
-  * copy bandwidth: `dst.copy_(src)`, counted as bytes read + bytes written;
-  * read bandwidth: `x.sum()` over float32 ones, counted as the bytes read. A float32 sum is
-    vectorised and was the fastest honest read tried (fp32/fp64/int64 sums, max reductions);
-    an int8 sum widens element by element and reads at ~0.1 GB/s on the CPU, far below memory;
-  * matmul peak per dtype: 2 n^3 FLOPs over the median time of an n x n @ n x n product,
-    best over a few sizes. fp32 is plain IEEE fp32 (TF32 off). On CUDA, fp8 uses
-    `torch._scaled_mm` and int8 `torch._int_mm` when this torch and GPU have them, else None.
-    On the CPU bf16 and fp16 run at ~1 GFLOP/s, so they are timed briefly at a small size.
+  * the bandwidth roof by working set, on all cores: working sets from about 1 MiB to
+    WORKING_SET_FACTOR x the last-level cache (`cpu_info.cpu_caches`; a GPU's L2), each read
+    three ways — `x.sum()` over float32 ones and a matrix-vector product `x.view(-1, 256) @ ones`
+    (counted as the bytes read), and a copy of one half into the other (bytes read + written) —
+    and the roof at that working set is the fastest of the three. A decode step's GEMV then
+    cannot beat its roof on an idle machine: the roof was measured with a GEMV too. A step whose
+    weights fit in the L3 reads at the L3's rate, not the DRAM's (issue 13: 37-52 GB/s for
+    4-64 MiB against 17-24 GB/s past 128 MiB on a 2-core Xeon VM);
+  * matmul peak per dtype: 2 n^3 FLOPs over the time of an n x n @ n x n product, best over a
+    few sizes. fp32 is plain IEEE fp32 (TF32 off). On CUDA, fp8 uses `torch._scaled_mm` and int8
+    `torch._int_mm` when this torch and GPU have them, else None.
 
-Tensors are far beyond the last-level cache (256 MiB on the CPU, 2 GiB on a GPU), so the
-bandwidth is the memory's, not a cache's. The roof used for `memory_bandwidth_bytes_per_s` is
-the higher of copy and read: a roof must be the best rate any operation was seen to reach.
-Results are cached per device and host in $LABKIT_CACHE_DIR (default ~/.cache/labkit).
+Each figure is repeated until it is trustworthy: on a CPU the fastest call counts once a
+second call comes within timing.CONFIRM_TOLERANCE (10 %) of it (`timing.time_until_stable`); on
+CUDA the median of event-timed samples whose spread is under timing.NOISY_SPREAD (25 %). A figure
+that does not get there within its budget is named in info["noisy"], and such a calibration is
+kept for this process only, never cached: a roof measured while the machine was busy would judge
+every later point against too low a ceiling.
+
+The spec's `memory_bandwidth_bytes_per_s` is the roof at the largest working set (the memory's,
+past every cache); `bandwidth_by_working_set` keeps the whole curve, which
+`roofline.roof_at_working_set` reads. Results are cached per device and host in
+$LABKIT_CACHE_DIR (default ~/.cache/labkit); a cache from another CPU (model, caches, thread
+count), another torch, older than MAX_AGE_S or than the machine's last boot is measured again,
+and the log line says why.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import socket
@@ -35,109 +48,168 @@ from typing import Callable
 
 import torch
 
-from . import roofline
+from . import cpu_info, roofline
 from .backend import check_fits, device_name, total_memory_bytes
 from .dtypes import COMPUTE_DTYPES, torch_dtype
-from .measure import format_rate, time_fn
+from .measure import format_rate, time_fn, time_until_stable
 from .recordings import provenance as base_provenance
 from .recordings import write_json_atomic
-from .specs import HardwareSpec
+from .specs import HardwareSpec, preset_for_device_name
 
 MIB, GIB = 2**20, 2**30
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the bandwidth curve, the caches, noisy figures
 MAX_AGE_S = 7 * 24 * 3600  # a week: drivers, clocks and neighbours change
+WORKING_SET_FACTOR = 4  # the sweep reaches 4x the last-level cache: well past it, into memory
+SMALLEST_WORKING_SET = MIB
+MIN_POINTS = 6
+MIN_SAMPLE_S = 2e-3  # a CPU call shorter than this is repeated back to back within one sample
+CPU_MAX_SAMPLES = 100
+ROW = 256  # the GEMV read's row length (the lab-cpu model's hidden size)
+QUANTUM = 2 * ROW * 4  # working sets split into fp32 rows of ROW and into two halves for the copy
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What to measure on one kind of device: sizes, and how long each measurement may take."""
+    """What to measure on one kind of device: sizes, and how long each figure may take."""
 
-    stream_bytes: int  # size of each tensor for the bandwidth tests
+    stream_bytes: int | None  # the largest working set; None: WORKING_SET_FACTOR x the last-level cache
     matmul_sizes: dict  # dtype -> tuple of n for n x n @ n x n
-    warmup: int
-    repeats: int
-    budget_s: float  # per size and measurement; MIN_SAMPLES are taken regardless
+    warmup: int  # CUDA: untimed calls first (clocks, caches); a CPU figure always takes one
+    repeats: int  # CUDA: samples per figure (a CPU figure samples until confirmed, at most CPU_MAX_SAMPLES)
+    budget_s: float  # per figure; a CPU figure goes on to max_budget_s while unconfirmed
+    max_budget_s: float | None = None  # None: 4 x budget_s
+    step: float = math.sqrt(2)  # between working sets up to the last-level cache (2x past it)
+    min_top_bytes: int = 0  # the sweep reaches at least this far, whatever the caches say
 
 
 PLANS = {
-    # 256 MiB is ~100x a server CPU's per-core share of L3; fp32 at 1024 and 2048 reaches the
-    # BLAS's steady state; bf16/fp16 at 256 already takes ~30 ms a call at ~1 GFLOP/s.
-    "cpu": Plan(256 * MIB, {"fp32": (1024, 2048), "bf16": (256,), "fp16": (256,)},
-                warmup=1, repeats=5, budget_s=1.5),
+    # fp32 at 1024 and 2048 reaches the BLAS's steady state; bf16/fp16 at 256 is enough where
+    # they have no fast path. Past the caches the sweep goes to at least 256 MiB.
+    "cpu": Plan(None, {"fp32": (1024, 2048), "bf16": (256,), "fp16": (256,)}, warmup=1, repeats=5,
+                budget_s=0.25, max_budget_s=1.0, min_top_bytes=256 * MIB),
     # 2 GiB is 40x an H100's 50 MiB L2. 8192 fills all SMs with full tiles; more warm-up lets
     # the clocks settle before timing.
-    "cuda": Plan(2 * GIB, {d: (4096, 8192) for d in ("bf16", "fp16", "fp32", "fp8", "int8")},
-                 warmup=5, repeats=20, budget_s=2.0),
+    "cuda": Plan(None, {d: (4096, 8192) for d in ("bf16", "fp16", "fp32", "fp8", "int8")},
+                 warmup=5, repeats=20, budget_s=2.0, step=2.0, min_top_bytes=2 * GIB),
 }
 _FIELD = {"bf16": "bf16_flops_per_s", "fp16": "fp16_flops_per_s", "fp32": "fp32_flops_per_s",
           "fp8": "fp8_flops_per_s", "int8": "int8_ops_per_s"}
+_UNCACHED: dict[str, tuple[HardwareSpec, dict]] = {}  # noisy calibrations, kept for this process only
 
 
 def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
     """Measure `device` ("cpu" | "cuda") now; return its calibrated HardwareSpec and provenance."""
-    kind = torch.device(getattr(device, "device", device)).type
+    kind = _kind(device)
     plan = plan or PLANS[kind]
     start_s = time.perf_counter()
-    check_fits(2 * plan.stream_bytes, kind, "calibration's bandwidth test")
-    stream = _stream_bandwidth(kind, plan)
-    matmul = {dtype: _matmul_peak(kind, dtype, sizes, plan) for dtype, sizes in plan.matmul_sizes.items()}
+    caches = machine_caches(kind)
+    sizes = working_set_sizes(top_bytes(plan, caches), caches[-1][1] if caches else None, plan.step)
+    curve = bandwidth_by_working_set(kind, sizes, plan)
+    matmul = {dtype: _matmul_peak(kind, dtype, n, plan) for dtype, n in plan.matmul_sizes.items()}
     if kind == "cuda":
         torch.cuda.empty_cache()
+    noisy = [f"bandwidth at {p['bytes'] / MIB:,.1f} MiB" for p in curve if p["noisy"]]
+    noisy += [f"{dtype} matmul" for dtype, result in matmul.items() if result.get("noisy")]
     info = {**base_provenance(kind), "kind": "calibration", "plan": dataclasses.asdict(plan),
-            "elapsed_s": time.perf_counter() - start_s, "bandwidth": stream, "matmul": matmul}
-    return _spec(kind, stream, matmul, info["date"]), info
+            "cpu_identity": cpu_info.cpu_identity() if kind == "cpu" else None,
+            "caches": [list(level) for level in caches], "caches_source": _caches_source(kind),
+            "elapsed_s": time.perf_counter() - start_s, "bandwidth_by_working_set": curve,
+            "bandwidth": {name: curve[-1]["tests"][name] for name in ("copy", "read")},
+            "matmul": matmul, "noisy": noisy}
+    spec = _spec(kind, curve, caches, matmul, info["date"])
+    info["tier_edges"] = roofline.tier_edges(spec.bandwidth_by_working_set, caches, spec.memory_name)
+    return spec, info
 
 
-def _spec(kind: str, stream: dict, matmul: dict, date: str) -> HardwareSpec:
-    measured = f"measured by labkit.calibrate on {date}"
-    peaks, sources = {}, {}
-    for dtype, field in _FIELD.items():
-        result = matmul.get(dtype, {})
-        peaks[field] = result.get("flops_per_s")
-        why_not = result.get("error") or f"no {dtype} matmul path on the {kind} in this lab"
-        sources[field] = measured if peaks[field] is not None else f"not measured: {why_not}"
-    best = max(("copy", "read"), key=lambda k: stream[k]["bytes_per_s"])
-    sources["memory_bandwidth_bytes_per_s"] = f"{measured} (the {best} test, the faster of copy and read)"
-    sources["memory_bytes"] = f"total memory reported to labkit.backend on {date}"
-    return HardwareSpec(name=f"this machine: {device_name(kind)}", **peaks,
-                        memory_bandwidth_bytes_per_s=stream[best]["bytes_per_s"],
-                        memory_bytes=float(total_memory_bytes(kind)), sources=sources, kind="calibrated")
+def _kind(device) -> str:
+    return torch.device(getattr(device, "device", device)).type
 
 
-def bandwidth_now(device, plan: Plan | None = None) -> float:
-    """The memory bandwidth at this moment, bytes/s: the calibration's copy and read tests, the
-    faster of the two, one warm-up and three timed calls each.
+# ---------------------------------------------------------------- caches and working sets
+def machine_caches(kind: str) -> tuple[tuple[str, int], ...]:
+    """((name, bytes), ...) smallest first: the CPU's levels as all its cores hold them
+    (`cpu_info.cpu_caches`), or the GPU's L2 as the device reports it (else its preset's)."""
+    if kind == "cpu":
+        return cpu_info.cpu_caches().as_pairs()
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
+    if not l2:
+        preset = preset_for_device_name(torch.cuda.get_device_name())
+        l2 = next((size for name, size in (preset.cache_levels if preset else ()) if name == "L2"), 0)
+    return (("L2", int(l2)),) if l2 else ()
 
-    Why: a shared machine's bandwidth moves with its neighbours' load, so a fraction against a
-    calibration made an hour ago can be off by 2x either way. Two of these around a measurement
-    bound the roof of its own moment (`sweeps.bracketed`). Not cached, not written anywhere."""
-    # Seen: 10.7 to 20.2 GB/s within 30 minutes on the lab's 2-core VM (2026-11-29); this check
-    # took about 0.3 s there.
-    kind = torch.device(getattr(device, "device", device)).type
-    plan = dataclasses.replace(plan or PLANS[kind], warmup=1, repeats=3, budget_s=1.0)
-    check_fits(2 * plan.stream_bytes, kind, "the bandwidth check")
-    stream = _stream_bandwidth(kind, plan)
+
+def _caches_source(kind: str) -> str:
+    if kind == "cpu":
+        return cpu_info.cpu_caches().source
+    return "torch.cuda.get_device_properties().L2_cache_size (else the preset's, labkit.specs)"
+
+
+def top_bytes(plan: Plan, caches) -> int:
+    """The largest working set: the plan's, else WORKING_SET_FACTOR x the last-level cache (the
+    fallback's where the OS names none), at least plan.min_top_bytes."""
+    if plan.stream_bytes is not None:
+        return int(plan.stream_bytes)
+    last = caches[-1][1] if caches else cpu_info.FALLBACK_LAST_LEVEL_BYTES
+    return max(WORKING_SET_FACTOR * int(last), plan.min_top_bytes)
+
+
+def working_set_sizes(top: int, last_level_bytes: int | None = None, step: float = math.sqrt(2)) -> list[int]:
+    """Working sets from SMALLEST_WORKING_SET (lower when `top` is small, so there are always
+    MIN_POINTS) to `top`: `step` apart up to the last-level cache, then doubling. Each is a
+    multiple of QUANTUM bytes."""
+    bottom = min(SMALLEST_WORKING_SET, top / step ** (MIN_POINTS - 1))
+    sizes, size = [], float(bottom)
+    while size < top * 0.999:
+        sizes.append(size)
+        size *= step if last_level_bytes is None or size < last_level_bytes else 2.0
+    sizes.append(float(top))
+    return sorted({max(QUANTUM, round(s / QUANTUM) * QUANTUM) for s in sizes})
+
+
+# ---------------------------------------------------------------- measuring one figure
+def _figure(fn: Callable[[], object], work: float, kind: str, plan: Plan) -> dict:
+    """`work` (bytes or FLOPs) per call of `fn` over the call's time: on a CPU the confirmed
+    fastest of back-to-back batches lasting >= MIN_SAMPLE_S (`timing.time_until_stable`), on CUDA
+    the median of event-timed samples (`measure.time_fn`). Keeps the samples and says if noisy."""
     if kind == "cuda":
-        torch.cuda.empty_cache()
-    return max(result["bytes_per_s"] for result in stream.values())
-
-
-def _stream_bandwidth(kind: str, plan: Plan) -> dict:
-    """Copy (read + write bytes) and read (sum) bandwidth over plan.stream_bytes tensors."""
-    n = plan.stream_bytes // 4
-    src = torch.ones(n, dtype=torch.float32, device=kind)  # ones: no denormals, all pages touched
-    dst = torch.empty_like(src)
-    result = {}
-    for name, fn, bytes_moved in (("copy", lambda: dst.copy_(src), 2 * n * 4),
-                                  ("read", lambda: src.sum(), n * 4)):
         timing = time_fn(fn, kind, plan.warmup, plan.repeats, plan.budget_s)
-        result[name] = {"bytes_per_s": bytes_moved / timing.median_s, "bytes_moved": bytes_moved,
-                        "samples_s": list(timing.samples_s)}
-    return result
+        return {"rate": work / timing.estimate_s, "samples_s": list(timing.samples_s),
+                "calls_per_sample": timing.calls_per_sample, "noisy": timing.noisy, "spread": timing.spread}
+    once_s = time.perf_counter()  # the first call: how long one takes (page faults only make it longer)
+    fn()
+    once_s = time.perf_counter() - once_s
+    calls = max(1, min(1000, math.ceil(MIN_SAMPLE_S / max(once_s, 1e-9))))
+    batch = fn if calls == 1 else (lambda: [fn() for _ in range(calls)])
+    timing = time_until_stable(batch, plan.budget_s, plan.max_budget_s or 4 * plan.budget_s, 3, CPU_MAX_SAMPLES)
+    return {"rate": calls * work / timing.estimate_s, "samples_s": [s / calls for s in timing.samples_s],
+            "calls_per_sample": calls, "noisy": timing.noisy, "spread": timing.spread}
+
+
+def bandwidth_by_working_set(kind: str, sizes: list[int], plan: Plan) -> list[dict]:
+    """For each working set (bytes): the read (sum), GEMV and copy rates, and the roof there,
+    the fastest of them. One buffer of the largest size; smaller working sets are its start."""
+    check_fits(max(sizes), kind, "the calibration's bandwidth sweep")
+    buffer = torch.ones(max(sizes) // 4, dtype=torch.float32, device=kind)  # ones: no denormals
+    ones = torch.ones(ROW, dtype=torch.float32, device=kind)
+    curve = []
+    for size in sizes:
+        n = size // 4
+        x, src, dst = buffer[:n], buffer[: n // 2], buffer[n // 2: n]
+        rows = x.view(-1, ROW)
+        tests = {"read": _figure(lambda: x.sum(), size, kind, plan),
+                 "gemv": _figure(lambda: torch.mv(rows, ones), size, kind, plan),
+                 "copy": _figure(lambda: dst.copy_(src), size, kind, plan)}  # size/2 read + size/2 written
+        best = max(tests, key=lambda name: tests[name]["rate"])
+        curve.append({"bytes": size, "bytes_per_s": tests[best]["rate"], "best": best, "noisy": tests[best]["noisy"],
+                      "tests": {name: {"bytes_per_s": t["rate"], "bytes_moved": size,
+                                       **{k: t[k] for k in ("samples_s", "calls_per_sample", "noisy", "spread")}}
+                                for name, t in tests.items()}})
+    del buffer
+    return curve
 
 
 def _matmul_peak(kind: str, dtype: str, sizes: tuple, plan: Plan) -> dict:
-    """Best median rate over `sizes` for n x n @ n x n in `dtype`, each size's samples kept;
+    """Best rate over `sizes` for n x n @ n x n in `dtype`, each size's samples kept;
     {"error": ...} and no rate if this torch or device cannot do it."""
     by_size = {}
     for n in sizes:
@@ -147,10 +219,10 @@ def _matmul_peak(kind: str, dtype: str, sizes: tuple, plan: Plan) -> dict:
             first_line = (str(err).splitlines() or [""])[0]
             return {"error": f"{type(err).__name__}: {first_line}"}
         with _plain_fp32():
-            timing = time_fn(fn, kind, plan.warmup, plan.repeats, plan.budget_s)
-        by_size[str(n)] = {"flops_per_s": 2 * n**3 / timing.median_s, "samples_s": list(timing.samples_s)}
-    best = max(by_size.values(), key=lambda s: s["flops_per_s"])["flops_per_s"]
-    return {"flops_per_s": best, "by_size": by_size}
+            figure = _figure(fn, 2 * n**3, kind, plan)
+        by_size[str(n)] = {"flops_per_s": figure["rate"], "samples_s": figure["samples_s"], "noisy": figure["noisy"]}
+    best = max(by_size.values(), key=lambda s: s["flops_per_s"])
+    return {"flops_per_s": best["flops_per_s"], "noisy": best["noisy"], "by_size": by_size}
 
 
 def _matmul_fn(kind: str, dtype: str, n: int) -> Callable[[], object]:
@@ -191,47 +263,104 @@ def _plain_fp32():
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def _spec(kind: str, curve: list[dict], caches, matmul: dict, date: str) -> HardwareSpec:
+    measured = f"measured by labkit.calibrate on {date}"
+    peaks, sources = {}, {}
+    for dtype, field in _FIELD.items():
+        result = matmul.get(dtype, {})
+        peaks[field] = result.get("flops_per_s")
+        why_not = result.get("error") or f"no {dtype} matmul path on the {kind} in this lab"
+        sources[field] = measured if peaks[field] is not None else f"not measured: {why_not}"
+    top = curve[-1]
+    sources["memory_bandwidth_bytes_per_s"] = (f"{measured} (the {top['best']} test, the fastest of read, GEMV "
+                                               f"and copy, at the largest working set, {top['bytes'] / MIB:,.0f} MiB)")
+    sources["bandwidth_by_working_set"] = f"{measured}: the fastest of read, GEMV and copy at each working set"
+    sources["cache_levels"] = _caches_source(kind)
+    sources["memory_bytes"] = f"total memory reported to labkit.backend on {date}"
+    preset = preset_for_device_name(device_name(kind)) if kind == "cuda" else None
+    memory_name = "DRAM" if kind == "cpu" else (preset.memory_name if preset else "memory")
+    return HardwareSpec(name=f"this machine: {device_name(kind)}", **peaks,
+                        memory_bandwidth_bytes_per_s=top["bytes_per_s"],
+                        memory_bytes=float(total_memory_bytes(kind)), sources=sources, kind="calibrated",
+                        cache_levels=tuple(caches), memory_name=memory_name,
+                        bandwidth_by_working_set=tuple((p["bytes"], p["bytes_per_s"]) for p in curve))
+
+
+def bandwidth_now(device, working_set_bytes: int | None = None, plan: Plan | None = None) -> float:
+    """The bandwidth roof at `working_set_bytes` (default: the calibration's largest, the
+    memory's) at this moment, bytes/s: the calibration's read, GEMV and copy tests, the fastest.
+
+    Why: a shared machine's bandwidth moves with its neighbours' load, so a fraction against a
+    calibration made an hour ago can be off by 2x either way. Two of these around a measurement
+    bound the roof of its own moment and tier (`sweeps.bracketed`). Not cached, not written."""
+    # Seen: 10.7 to 20.2 GB/s within 30 minutes on the lab's 2-core VM (2026-11-29).
+    kind = _kind(device)
+    plan = dataclasses.replace(plan or PLANS[kind], budget_s=0.1, max_budget_s=0.3)
+    size = int(working_set_bytes or top_bytes(plan, machine_caches(kind)))
+    curve = bandwidth_by_working_set(kind, [max(QUANTUM, size // QUANTUM * QUANTUM)], plan)
+    if kind == "cuda":
+        torch.cuda.empty_cache()
+    return curve[0]["bytes_per_s"]
+
+
 def describe(spec: HardwareSpec, info: dict) -> str:
-    """A few lines for a notebook: what was measured, where, when, and the ridge point."""
+    """A few lines for a notebook: what was measured, where, when, the tiers and the ridge point."""
     compute_dtype = "fp32" if info.get("device") == "cpu" else "bf16"
-    bandwidth = info.get("bandwidth", {})
-    streams = ", ".join(f"{k} {format_rate(v['bytes_per_s'], 'B/s')}" for k, v in bandwidth.items())
     peaks = ", ".join(f"{d} {format_rate(spec.peak_flops_per_s(d), 'FLOP/s')}" for d in _FIELD
                       if getattr(spec, _FIELD[d]) is not None)
     ridge = roofline.ridge_point_flops_per_byte(spec, compute_dtype)
-    return "\n".join([
-        f"{spec.name} ({info.get('device')}, {info.get('threads')} threads), calibrated {info.get('date')}",
-        f"  memory bandwidth {format_rate(spec.memory_bandwidth_bytes_per_s, 'B/s')} ({streams})",
-        f"  matmul peak {peaks}",
-        f"  ridge point ({compute_dtype}) {ridge:,.1f} FLOP/byte; {info.get('cache_status', 'not cached')}"])
+    tiers = [f"{e['from']} {format_rate(e['from_bytes_per_s'], 'B/s')} up to ~{e['bytes'] / MIB:,.0f} MiB"
+             for e in info.get("tier_edges", [])]
+    tiers.append(f"{spec.memory_name} {format_rate(spec.memory_bandwidth_bytes_per_s, 'B/s')}")
+    caches = ", ".join(f"{name} {size / MIB:,.0f} MiB" for name, size in spec.cache_levels) or "none reported"
+    noisy = info.get("noisy") or []
+    lines = [f"{spec.name} ({info.get('device')}, {info.get('threads')} threads), calibrated {info.get('date')}",
+             f"  bandwidth roof: {'; '.join(tiers)} (caches as the OS reports them: {caches})",
+             f"  matmul peak {peaks}",
+             f"  ridge point ({compute_dtype}, at the {spec.memory_name}'s bandwidth) {ridge:,.1f} FLOP/byte; "
+             f"{info.get('cache_status', 'not cached')}"]
+    if noisy:
+        lines.append(f"  noisy (the machine was busy): {', '.join(noisy[:4])}{' …' if len(noisy) > 4 else ''}")
+    return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- the cache
+# ---------------------------------------------------------------- the cache file
 def cache_dir() -> Path:
     return Path(os.environ.get("LABKIT_CACHE_DIR") or Path.home() / ".cache" / "labkit")
 
 
 def cache_path(device) -> Path:
-    kind = torch.device(getattr(device, "device", device)).type
+    kind = _kind(device)
     host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "unknown-host"
     return cache_dir() / f"calibration-{kind}-{host}.json"
 
 
 def load_or_calibrate(device, refresh: bool = False, max_age_s: float = MAX_AGE_S,
                       log: Callable[[str], None] | None = None) -> tuple[HardwareSpec, dict]:
-    """The cached calibration of `device` on this host if fresh, else a new one (then cached).
-    A cache that is unreadable, older than `max_age_s`, or from another device name or torch
-    version is measured again; an unreadable one is also reported with a warning. `log` gets
-    one line saying what happened (e.g. `print`)."""
-    kind = torch.device(getattr(device, "device", device)).type
+    """The cached calibration of `device` on this host if it still describes this machine, else
+    a new one, cached unless noisy (a noisy one is kept for this process only, and
+    info["cache_status"] says so). A cache that is unreadable, older than `max_age_s` or than the
+    last boot, or from another CPU, device or torch is measured again; an unreadable one is also
+    reported with a warning. `log` gets one line saying what happened (e.g. `print`)."""
+    kind = _kind(device)
     path = cache_path(kind)
     why = "refresh asked for" if refresh else _stale_reason(path, kind, max_age_s)
     if why is None:
         spec, info = _read_cache(path)
         return spec, {**info, "cache_file": str(path), "cache_status": "hit"}
+    kept = _UNCACHED.get(str(path))
+    if kept and not refresh and _stale_info_reason(kept[1], kind, max_age_s) is None:
+        return kept[0], {**kept[1], "cache_status": f"measured earlier in this process, not cached: {_noisy_text(kept[1])}"}
     if log:
-        log(f"labkit: calibrating {kind} ({why}); about {'10' if kind == 'cpu' else '5'} s")
+        log(f"labkit: calibrating {kind} ({why}); about {'15' if kind == 'cpu' else '5'} s")
     spec, info = calibrate(kind)
+    if info["noisy"]:
+        _UNCACHED[str(path)] = (spec, {**info, "cache_file": None})
+        status = f"measured ({why}), not cached: {_noisy_text(info)}"
+        if log:
+            log(f"labkit: {status}")
+        return spec, {**info, "cache_file": None, "cache_status": status}
+    _UNCACHED.pop(str(path), None)
     try:
         write_json_atomic(path, {"format": CACHE_FORMAT, "spec": dataclasses.asdict(spec), "provenance": info})
     except OSError as err:  # a read-only home, a full disk: the measurement still stands, uncached
@@ -243,21 +372,46 @@ def load_or_calibrate(device, refresh: bool = False, max_age_s: float = MAX_AGE_
     return spec, {**info, "cache_file": str(path), "cache_status": f"measured ({why})"}
 
 
+def _noisy_text(info: dict) -> str:
+    noisy = info.get("noisy") or ["?"]
+    return (f"noisy ({len(noisy)} figure(s) unconfirmed, e.g. {noisy[0]}: the machine was busy); "
+            "`python -m labkit calibrate --refresh` when it is quieter")
+
+
 def _stale_reason(path: Path, kind: str, max_age_s: float) -> str | None:
     """Why the cache at `path` cannot be used, or None if it can."""
     if not path.exists():
         return "no cached calibration"
     try:
-        spec, info = _read_cache(path)
-        age_s = (datetime.now(timezone.utc) - datetime.fromisoformat(info["date"])).total_seconds()
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("format"), int) and data["format"] != CACHE_FORMAT:
+            return f"cached calibration is of format {data['format']}, this labkit writes {CACHE_FORMAT}"
+        _, info = _read_cache(path)
+        return _stale_info_reason(info, kind, max_age_s)
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
         warnings.warn(f"labkit: calibration cache {path} is unreadable ({type(err).__name__}: {err}); "
                       f"measuring again", stacklevel=3)
         return "cached calibration unreadable"
+
+
+def _stale_info_reason(info: dict, kind: str, max_age_s: float) -> str | None:
+    """Why a calibration's provenance no longer describes this machine now, or None."""
+    date = datetime.fromisoformat(info["date"])
+    age_s = (datetime.now(timezone.utc) - date).total_seconds()
     if age_s > max_age_s:
         return f"cached calibration is {age_s / 86400:.1f} days old"
     if info.get("device_name") != device_name(kind) or info.get("torch") != torch.__version__:
         return "cached calibration is from another device or torch version"
+    if kind == "cpu":
+        if info.get("cpu_identity") != cpu_info.cpu_identity():
+            return "cached calibration is from another CPU model"
+        if [tuple(c) for c in info.get("caches", [])] != list(machine_caches(kind)):
+            return "cached calibration is from a CPU with other cache sizes"
+        if info.get("threads") != torch.get_num_threads():
+            return f"cached calibration used {info.get('threads')} threads, this process {torch.get_num_threads()}"
+        booted = cpu_info.last_boot()
+        if booted is not None and date < booted:
+            return f"cached calibration predates this machine's last boot ({booted.isoformat(timespec='seconds')})"
     return None
 
 
@@ -272,4 +426,5 @@ def _read_cache(path: Path) -> tuple[HardwareSpec, dict]:
     numbers = (spec.memory_bandwidth_bytes_per_s, spec.memory_bytes, spec.fp32_flops_per_s)
     if spec.kind != "calibrated" or not all(isinstance(v, (int, float)) and v > 0 for v in numbers):
         raise ValueError("spec is not a calibrated spec with positive bandwidth, memory and fp32 peak")
+    roofline.bandwidth_curve(spec.bandwidth_by_working_set)  # positive numbers, or SpecError (a ValueError)
     return spec, dict(data["provenance"])

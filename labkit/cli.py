@@ -173,7 +173,11 @@ def run_calibrate(args) -> dict:
             "read_bytes_per_s": info["bandwidth"]["read"]["bytes_per_s"],
             "ridge_point_flops_per_byte": roofline.ridge_point_flops_per_byte(spec, here.compute_dtype),
             "compute_dtype": here.compute_dtype, "elapsed_s": info["elapsed_s"], "date": info["date"],
-            "cache_file": info["cache_file"], "cache_status": info["cache_status"], "provenance": info}
+            "bandwidth_by_working_set": [{"bytes": b, "bytes_per_s": rate} for b, rate in spec.bandwidth_by_working_set],
+            "cache_levels": [{"name": name, "bytes": size} for name, size in spec.cache_levels],
+            "memory_name": spec.memory_name, "tier_edges": info.get("tier_edges", []),
+            "noisy": info.get("noisy", []), "cache_file": info["cache_file"], "cache_status": info["cache_status"],
+            "provenance": info}
 
 
 def run_measure(args) -> dict:
@@ -194,12 +198,15 @@ def run_measure(args) -> dict:
         prompt = settings["prompt"][3] if args.prompt is None else args.prompt
         _in_range("--prompt", prompt, 1, model.max_context, model.name)
         run = lambda: sweeps.measure_prefill(model, prompt, batch, here.device)  # noqa: E731
+        working_set = lambda: sweeps.prefill_working_set_bytes(model, prompt, batch, here.device)  # noqa: E731
     else:
         context = settings["context"][3] if args.context is None else args.context
         _in_range("--context", context, 0, model.max_context, model.name)
         cache_dtype = args.cache_dtype or settings["cache_dtype"]
         run = lambda: sweeps.measure_decode(model, batch, context, cache_dtype, here.device)  # noqa: E731
-    point = sweeps.bracketed(run, here.device) if args.bracket else run()
+        working_set = lambda: sweeps.decode_working_set_bytes(model, batch, context, cache_dtype, here.device)  # noqa: E731
+    # --bracket: the bandwidth read just before and after, at the working set the point reads
+    point = sweeps.bracketed(run, here.device, working_set()) if args.bracket else run()
     for note in explore.point_notes(point):
         _stderr(f"labkit: note: {note}")
     return point

@@ -10,12 +10,18 @@ Two hidden choices behind the chapter's figures are made explicit by `Counting`:
     (layer matmuls, plus the output head for the positions whose logits are needed).
 `CHAPTER` reproduces the chapter; `KERNEL` is what the lab's kernels really execute.
 
+A calibrated machine also carries its bandwidth roof by working set (`HardwareSpec.
+bandwidth_by_working_set`): a step whose weights and cache fit in a cache reads at that cache's
+rate, not the memory's. `roof_at_working_set` gives the roofline of one working set, and the
+predicted times below use it; a datasheet has no such curve and keeps its one bandwidth.
+
 Besides whole models, single kernel calls are counted here too (a matmul, an attention call, a
 decode attention call over a quantised cache), for lesson 03 and for the GPU check, which prints
 each call's roof before timing it: every prediction in the lab comes from this module.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,6 +34,12 @@ CHAPTER_BANDWIDTH_EFFICIENCY = 0.75  # behind "157 tokens a second": 0.75 * 3.35
 # (weights dominate) and "70-90 %" (cache dominates); in between is "mixed".
 WEIGHTS_DOMINATED_BELOW = 0.15
 CACHE_DOMINATED_FROM = 0.70
+# A measured step counts as a change of memory tier when one tier's best rate is at least this
+# many times the next one's (smaller steps are the noise of a shared machine, not a cache edge).
+TIER_STEP = 1.25
+# GPU: a working set under L2_FLUSH_FACTOR x the L2 may be served from L2 rather than HBM, so a
+# timing of it flushes the L2 between calls or is flagged (`l2_resident`).
+L2_FLUSH_FACTOR = 2
 INT8_SCALE_BYTES = 4  # one fp32 scale per token per kv head, for K and for V
 FP8_SCALE_BYTES = 4  # one fp32 scale per tensor, for K and for V
 CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8")
@@ -290,19 +302,23 @@ def predicted_prefill_time_s(model: ModelSpec, prompt_tokens: int, hardware: Har
                              dtype: str = "bf16", counting: Counting = KERNEL, mfu: float = 1.0,
                              bandwidth_efficiency: float = 1.0, past_tokens: int = 0) -> float:
     """Roofline time of one prefill pass with weights and activations in `dtype`. With a
-    calibrated `hardware` and efficiencies of 1 this is what the lab plots as "predicted"."""
+    calibrated `hardware` and efficiencies of 1 this is what the lab plots as "predicted"; its
+    bandwidth is the one at the pass's working set (weights and the cache written) where
+    `hardware` has a measured curve (`roof_at_working_set`)."""
     flops = prefill_flops(model, prompt_tokens, batch, counting, past_tokens)
     nbytes = prefill_bytes(model, prompt_tokens, batch, dtype, _cache_dtype_for(dtype), counting.params)
-    return roofline_time_s(flops, nbytes, hardware, dtype, mfu, bandwidth_efficiency)
+    return roofline_time_s(flops, nbytes, roof_at_working_set(hardware, nbytes), dtype, mfu, bandwidth_efficiency)
 
 
 def predicted_decode_step_s(model: ModelSpec, batch: int, context_tokens: int, hardware: HardwareSpec,
                             dtype: str = "bf16", cache_dtype: str = "bf16", counting: Counting = KERNEL,
                             mfu: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
-    """Roofline time of one decode step (weights in `dtype`, cache in `cache_dtype`)."""
+    """Roofline time of one decode step (weights in `dtype`, cache in `cache_dtype`), at the
+    bandwidth of the step's working set (the weights and the cache it reads) where `hardware`
+    has a measured curve (`roof_at_working_set`)."""
     flops = decode_flops_per_step(model, batch, context_tokens, counting)
     nbytes = decode_bytes_per_step(model, batch, context_tokens, dtype, cache_dtype, counting.params)
-    return roofline_time_s(flops, nbytes, hardware, dtype, mfu, bandwidth_efficiency)
+    return roofline_time_s(flops, nbytes, roof_at_working_set(hardware, nbytes), dtype, mfu, bandwidth_efficiency)
 
 
 def tokens_per_s_per_sequence(step_time_s: float) -> float:
@@ -319,6 +335,124 @@ def time_roof_fraction(predicted_time_s: float, measured_time_s: float) -> float
 def bandwidth_fraction(bytes_per_s: float, hardware: HardwareSpec) -> float:
     """An achieved rate of bytes moved per second over the memory bandwidth of `hardware`."""
     return bytes_per_s / hardware.memory_bandwidth_bytes_per_s
+
+
+def chapter_plan_fraction(bound: str) -> float:
+    """The chapter's planning line as a fraction of the roof: CHAPTER_MFU of peak FLOP/s for a
+    compute-bound operation, CHAPTER_BANDWIDTH_EFFICIENCY of the bandwidth for a memory-bound one."""
+    if bound not in ("compute", "memory"):
+        raise SpecError(f"bound must be 'compute' or 'memory', got {bound!r}")
+    return CHAPTER_MFU if bound == "compute" else CHAPTER_BANDWIDTH_EFFICIENCY
+
+
+# ---------------------------------------------------------------- memory tiers: a cache-aware roof
+def bandwidth_curve(curve) -> list[tuple[float, float]]:
+    """A measured curve as ascending (bytes, bytes_per_s) pairs; it may be given as pairs or as
+    calibrate's {"bytes": ..., "bytes_per_s": ...} dicts. Refuses an empty curve or a point
+    that is not positive."""
+    pairs = sorted((float(p["bytes"]), float(p["bytes_per_s"])) if isinstance(p, dict) else (float(p[0]), float(p[1]))
+                   for p in curve)
+    if not pairs or not all(b > 0 and rate > 0 for b, rate in pairs):
+        raise SpecError(f"a bandwidth curve needs points of positive bytes and bytes/s, got {list(curve)!r}")
+    return pairs
+
+
+def bandwidth_at_bytes_per_s(curve, working_set_bytes: float, edges=()) -> float:
+    """The bandwidth roof at `working_set_bytes`: interpolated in log(bytes)-log(rate) between
+    the two measured neighbours, held flat past either end of the curve. Tier-aware: with
+    `edges` (working sets where the roof changes tier, `tier_edges`), only points on the same
+    side of every edge are used, so a working set just past the L3 gets a memory rate, not a
+    blend with the L3's. Ignores the order of access (a sweep reads every byte once per pass)."""
+    pairs = bandwidth_curve(curve)
+    if working_set_bytes <= 0:
+        raise SpecError(f"working set must be positive bytes, got {working_set_bytes!r}")
+    bounds = [0.0, *sorted(edges), math.inf]
+    for low, high in zip(bounds, bounds[1:]):
+        if low < working_set_bytes <= high:
+            pairs = [p for p in pairs if low < p[0] <= high] or pairs
+            break
+    if working_set_bytes <= pairs[0][0]:
+        return pairs[0][1]
+    for (b0, r0), (b1, r1) in zip(pairs, pairs[1:]):
+        if working_set_bytes == b1:  # a measured point: exactly its rate
+            return r1
+        if working_set_bytes < b1:
+            t = math.log(working_set_bytes / b0) / math.log(b1 / b0)
+            return math.exp(math.log(r0) + t * math.log(r1 / r0))
+    return pairs[-1][1]
+
+
+def tier_edges(curve, cache_levels=(), memory_name: str = "memory") -> list[dict]:
+    """Where the measured roof steps down from one tier to the next, smallest first.
+
+    The tiers are the cache levels ((name, bytes) as all cores hold them, smallest first) and
+    the memory past them; each measured point belongs to the first level it fits in. A tier's
+    rate is its best point's; where it is at least TIER_STEP x the next tier's, the edge is the
+    working set at which the curve falls through the geometric mean of the two rates (log-log
+    between the points around it) — on a VM, or a CPU whose L3 is shared with other tenants,
+    that can lie well below the size the OS reports, which each edge keeps as `cache_bytes`.
+    Each edge: bytes, from, to, cache_bytes, from_bytes_per_s, to_bytes_per_s, label ("past the
+    L3: DRAM")."""
+    pairs = bandwidth_curve(curve)
+    uppers = [(name, float(size)) for name, size in cache_levels] + [(memory_name, math.inf)]
+    tiers, low = [], 0.0
+    for name, high in uppers:
+        inside = [i for i, (b, _) in enumerate(pairs) if low < b <= high]
+        if inside:
+            tiers.append((name, high, inside))
+        low = high
+    edges, start = [], 0
+    for (name_a, size_a, in_a), (name_b, _, in_b) in zip(tiers, tiers[1:]):
+        rate_a = max(pairs[i][1] for i in in_a)
+        rate_b = max(pairs[i][1] for i in in_b)
+        if rate_a < TIER_STEP * rate_b:
+            continue
+        edge = _crossing(pairs, max(start, max(in_a, key=lambda i: pairs[i][1])), math.sqrt(rate_a * rate_b))
+        edge = size_a if edge is None else edge
+        start = next((i for i, (b, _) in enumerate(pairs) if b > edge), len(pairs))
+        edges.append({"bytes": edge, "from": name_a, "to": name_b, "cache_bytes": size_a,
+                      "from_bytes_per_s": rate_a, "to_bytes_per_s": rate_b, "label": f"past the {name_a}: {name_b}"})
+    return edges
+
+
+def _crossing(pairs, start: int, rate: float) -> float | None:
+    """The working set, from pairs[start] on, where the curve first falls through `rate`."""
+    for (b0, r0), (b1, r1) in zip(pairs[start:], pairs[start + 1:]):
+        if r0 >= rate > r1:
+            return math.exp(math.log(b0) + math.log(rate / r0) / math.log(r1 / r0) * math.log(b1 / b0))
+    return None
+
+
+def memory_tier(working_set_bytes: float, hardware: HardwareSpec) -> str:
+    """The tier a working set is read from: by the measured edges where `hardware` has a curve,
+    else by the cache sizes alone (the first level it fits in), else the memory."""
+    if hardware.bandwidth_by_working_set:
+        edges = tier_edges(hardware.bandwidth_by_working_set, hardware.cache_levels, hardware.memory_name)
+        if edges:
+            return next((e["from"] for e in edges if working_set_bytes <= e["bytes"]), edges[-1]["to"])
+    return next((name for name, size in hardware.cache_levels if working_set_bytes <= size), hardware.memory_name)
+
+
+def roof_at_working_set(hardware: HardwareSpec, working_set_bytes: float) -> HardwareSpec:
+    """`hardware` with the bandwidth of a `working_set_bytes` working set as its memory
+    bandwidth (`bandwidth_at_bytes_per_s` on its measured curve, tier-aware), its source saying
+    so; `hardware` itself when it has no curve (a datasheet)."""
+    if not hardware.bandwidth_by_working_set:
+        return hardware
+    curve = hardware.bandwidth_by_working_set
+    edges = [e["bytes"] for e in tier_edges(curve, hardware.cache_levels, hardware.memory_name)]
+    bandwidth = bandwidth_at_bytes_per_s(curve, working_set_bytes, edges)
+    why = (f"the measured roof at a working set of {working_set_bytes / 2**20:,.1f} MiB "
+           f"({memory_tier(working_set_bytes, hardware)})")
+    return dataclasses.replace(hardware, memory_bandwidth_bytes_per_s=bandwidth,
+                               sources={**hardware.sources, "memory_bandwidth_bytes_per_s": why})
+
+
+def l2_resident(working_set_bytes: float, l2_bytes: float | None, factor: float = L2_FLUSH_FACTOR) -> bool:
+    """Could a GPU serve this working set from its L2 rather than from HBM between back-to-back
+    calls? True under `factor` x the L2; such a timing must flush the L2 between calls or be
+    flagged and kept out of headline figures. False when the L2 is unknown (None)."""
+    return l2_bytes is not None and working_set_bytes < factor * l2_bytes
 
 
 # ---------------------------------------------------------------- memory footprint

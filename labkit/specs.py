@@ -56,6 +56,18 @@ class HardwareSpec:
     memory_bytes: float
     sources: dict = field(default_factory=dict, compare=False, hash=False)
     kind: str = "datasheet"  # "datasheet" or "calibrated"
+    # The caches a working set can stay in, smallest first: ((name, bytes), ...), bytes being what
+    # all the cores (or SMs) hold together; past the last one the data comes from `memory_name`.
+    cache_levels: tuple = ()
+    memory_name: str = "memory"
+    # Calibrations only: the measured bandwidth roof by working set, ((bytes, bytes_per_s), ...)
+    # ascending (`roofline.bandwidth_at_bytes_per_s` reads it); empty on a datasheet.
+    bandwidth_by_working_set: tuple = ()
+
+    def __post_init__(self):
+        # JSON (a cached calibration) gives lists; frozen specs keep tuples, so they stay hashable.
+        for name in ("cache_levels", "bandwidth_by_working_set"):
+            object.__setattr__(self, name, tuple(tuple(pair) for pair in getattr(self, name)))
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak for `dtype`; raises SpecError if the chip has no such path."""
@@ -118,11 +130,37 @@ _NV_T4 = "NVIDIA T4 Tensor Core GPU datasheet (2019)"
 _NV_ADA = "NVIDIA Ada Lovelace GPU Architecture whitepaper v2.1, Appendix A (GeForce RTX 4090), FP32 accumulate"
 
 
-def _gpu(name, bf16, fp16, fp8, int8, fp32, bandwidth, memory, source, **extra_sources):
+def _gpu(name, bf16, fp16, fp8, int8, fp32, bandwidth, memory, source, memory_name="HBM", **extra_sources):
     fields = ("bf16_flops_per_s", "fp16_flops_per_s", "fp8_flops_per_s", "int8_ops_per_s",
               "fp32_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes")
     sources = {f: extra_sources.get(f, source) for f in fields}
-    return HardwareSpec(name, bf16, fp16, fp8, int8, fp32, bandwidth, memory, sources)
+    l2 = GPU_L2_BYTES.get(name)
+    sources["cache_levels"] = l2[1] if l2 else L2_UNKNOWN
+    return HardwareSpec(name, bf16, fp16, fp8, int8, fp32, bandwidth, memory, sources,
+                        cache_levels=(("L2", l2[0]),) if l2 else (), memory_name=memory_name)
+
+
+# Each preset's L2, (bytes, source): what a working set under ~2x of it may be served from instead
+# of HBM (`roofline.l2_resident`). NVIDIA's "MB" taken as MiB, as CUDA reports L2 sizes
+# (cudaDevAttrL2CacheSize); a 5 % difference, far inside the 2x margin. On a GPU the device's own
+# figure, torch.cuda.get_device_properties(i).L2_cache_size, is the one to use (`l2_bytes_of`).
+_L2_HOPPER = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 3: 50 MB L2 (SXM5 and PCIe)"
+GPU_L2_BYTES = {
+    "H100-SXM": (50 * 2**20, _L2_HOPPER),
+    "H100-PCIe": (50 * 2**20, _L2_HOPPER),
+    "H200": (50 * 2**20, "the H200 datasheet states no L2; it is the H100 SXM's GH100 with HBM3e, so " + _L2_HOPPER),
+    "A100-40GB": (40 * 2**20, "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 40 MB L2"),
+    "A100-80GB": (40 * 2**20, "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 40 MB L2"),
+    "RTX-4090": (72 * 2**20, "NVIDIA Ada Lovelace GPU Architecture whitepaper v2.1, Appendix A: 73,728 KB L2"),
+}
+L2_UNKNOWN = "not in this preset's datasheet: read it from the device (torch.cuda.get_device_properties)"
+
+
+def l2_bytes_of(hardware: HardwareSpec) -> float | None:
+    """The L2 of a spec (a preset's from GPU_L2_BYTES, a calibration's as the device reported
+    it), or None where unknown. The GPU check uses it to flag or flush timings whose working set
+    could stay in L2 (`roofline.l2_resident`)."""
+    return next((size for name, size in hardware.cache_levels if name == "L2"), None)
 
 
 T = 1e12
@@ -135,10 +173,11 @@ GPUS: dict[str, HardwareSpec] = {g.name: g for g in (
     _gpu("H200", 989.4 * T, 989.4 * T, 1978.9 * T, 1978.9 * T, 66.9 * T, 4.8e12, 141 * GB, _NV_H200),
     _gpu("A100-40GB", 312.0 * T, 312.0 * T, None, 624.0 * T, 19.5 * T, 1.555e12, 40 * GB, _NV_A100),
     _gpu("A100-80GB", 312.0 * T, 312.0 * T, None, 624.0 * T, 19.5 * T, 2.039e12, 80 * GB, _NV_A100),
-    _gpu("L4", 121.0 * T, 121.0 * T, 242.5 * T, 242.5 * T, 30.3 * T, 300e9, 24 * GB, _NV_L4),
+    _gpu("L4", 121.0 * T, 121.0 * T, 242.5 * T, 242.5 * T, 30.3 * T, 300e9, 24 * GB, _NV_L4, memory_name="GDDR6"),
     # Turing has fp16 tensor cores but no bf16 or fp8.
-    _gpu("T4", None, 65.0 * T, None, 130.0 * T, 8.1 * T, 320e9, 16 * GB, _NV_T4),
-    _gpu("RTX-4090", 165.2 * T, 165.2 * T, 330.3 * T, 660.6 * T, 82.6 * T, 1008e9, 24 * GB, _NV_ADA),
+    _gpu("T4", None, 65.0 * T, None, 130.0 * T, 8.1 * T, 320e9, 16 * GB, _NV_T4, memory_name="GDDR6"),
+    _gpu("RTX-4090", 165.2 * T, 165.2 * T, 330.3 * T, 660.6 * T, 82.6 * T, 1008e9, 24 * GB, _NV_ADA,
+         memory_name="GDDR6X"),
 )}
 
 _HF = "config.json of meta-llama/{} on Hugging Face"

@@ -6,8 +6,12 @@
 Every point says what ran (phase, device, model, shapes, dtypes), how long it took (time_s: the
 median on CUDA, the confirmed fastest call on a CPU — see `_time`; also median, min, max, spread,
 noisy), what the roofline predicts on THIS machine's calibrated ceilings
-(`calibrate.load_or_calibrate`, mfu = efficiency = 1), and how close it came (roof_fraction;
-residual = measured / predicted - 1). FLOPs use KERNEL counting (causal attention, matmul
+(`calibrate.load_or_calibrate`, mfu = efficiency = 1) at the bandwidth of the point's working set
+(working_set_bytes: the weights and the cache it reads or writes; roof_bandwidth_bytes_per_s and
+roof_tier, from `roofline.roof_at_working_set`), how close it came (roof_fraction; residual =
+measured / predicted - 1), and the chapter's planning fraction for its bound (plan_fraction:
+0.40 of peak FLOP/s, 0.75 of bandwidth). On CUDA, l2_resident flags a working set under
+roofline.L2_FLUSH_FACTOR x the L2, which back-to-back calls may read from the L2. FLOPs use KERNEL counting (causal attention, matmul
 weights, the head once per sequence in prefill): what the kernels really execute. Bytes count
 the matmul weights in the compute dtype (the embedding is a lookup of B rows, not a read of
 the table) plus the cache written (prefill) or read (decode).
@@ -30,7 +34,7 @@ from . import backend, calibrate, measure, roofline
 from .errors import LabError
 from .model import Llama
 from .roofline import KERNEL, Counting
-from .specs import ModelSpec, get_model
+from .specs import ModelSpec, get_model, l2_bytes_of
 
 DEFAULT_MODEL = "lab-cpu"
 # CPU: each point takes about CPU_BUDGET_S in all, warm-up included (a slider must respond), and
@@ -97,11 +101,15 @@ def _time(fn, device: str, repeats: int | None):
 
 
 def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
-    """The flat dict every measurement returns (units in the keys)."""
+    """The flat dict every measurement returns (units in the keys). The working set is the bytes
+    the step moves (`bytes_moved`: each weight and cache byte once), and the roof is the
+    calibrated one at that working set."""
     device, dtype = model.device.type, model.compute_dtype
     hardware, _ = calibrate.load_or_calibrate(device)
-    predicted_s = roofline.roofline_time_s(flops, bytes_moved, hardware, dtype)
+    roof = roofline.roof_at_working_set(hardware, bytes_moved)
+    predicted_s = roofline.roofline_time_s(flops, bytes_moved, roof, dtype)
     rates = measure.achieved(flops, bytes_moved, timing)
+    bound = roofline.bound_by(flops, bytes_moved, roof, dtype)
     return {
         "phase": phase, "device": device, "device_name": backend.device_name(device),
         "hardware": hardware.name, "model": model.spec.name, **shape, "compute_dtype": dtype,
@@ -109,12 +117,17 @@ def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
         "time_s": timing.estimate_s, "estimator": timing.estimator, "time_median_s": timing.median_s,
         "time_min_s": timing.min_s, "time_max_s": timing.max_s, "spread": timing.spread, "noisy": timing.noisy,
         "samples": len(timing.samples_s), "flops": flops, "bytes": bytes_moved,
-        "predicted_time_s": predicted_s, "bound": roofline.bound_by(flops, bytes_moved, hardware, dtype),
+        "predicted_time_s": predicted_s, "bound": bound,
+        "working_set_bytes": bytes_moved, "roof_bandwidth_bytes_per_s": roof.memory_bandwidth_bytes_per_s,
+        "roof_tier": roofline.memory_tier(bytes_moved, hardware),
         "achieved_flops_per_s": rates["achieved_flops_per_s"],
         "achieved_bytes_per_s": rates["achieved_bytes_per_s"],
-        "roof_fraction": measure.roof_fraction(flops, bytes_moved, timing, hardware, dtype),
+        "roof_fraction": measure.roof_fraction(flops, bytes_moved, timing, roof, dtype),
+        "plan_fraction": roofline.chapter_plan_fraction(bound),
         "residual": timing.estimate_s / predicted_s - 1.0,
         "host_bound": timing.host_bound,  # CUDA: the GPU waited for the host's launches (None on a CPU)
+        # CUDA: small enough that back-to-back calls may read it from the L2 (None on a CPU)
+        "l2_resident": roofline.l2_resident(bytes_moved, l2_bytes_of(hardware)) if device == "cuda" else None,
     }
 
 
@@ -169,22 +182,41 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     return point
 
 
-def bracketed(measure_point, device: str) -> dict:
+def bracketed(measure_point, device: str, working_set_bytes: int | None = None) -> dict:
     """measure_point() (a point of `measure_prefill`/`measure_decode`) between two readings of
-    the memory bandwidth (`calibrate.bandwidth_now`), with three keys added: both readings, and
-    bracketed_roof_fraction, the roof fraction with the faster reading as the bandwidth (the
-    best rate seen is the roof; the FLOP peak stays the calibration's). On a shared machine it
-    says how close a point came to the roof of its own moment; roof_fraction, against the
-    calibration, moves with the neighbours' load."""
-    before = calibrate.bandwidth_now(device)
+    the bandwidth roof at `working_set_bytes` (`calibrate.bandwidth_now`; give the point's own,
+    from `decode_working_set_bytes`/`prefill_working_set_bytes`, or the memory's is read), with
+    three keys added: both readings, and bracketed_roof_fraction, the roof fraction with the
+    faster reading as the bandwidth (the best rate seen is the roof; the FLOP peak stays the
+    calibration's). On a shared machine it says how close a point came to the roof of its own
+    moment and tier; roof_fraction, against the calibration, moves with the neighbours' load."""
+    before = calibrate.bandwidth_now(device, working_set_bytes)
     point = measure_point()
-    after = calibrate.bandwidth_now(device)
+    after = calibrate.bandwidth_now(device, working_set_bytes)
     hardware, _ = calibrate.load_or_calibrate(device)
     now = dataclasses.replace(hardware, memory_bandwidth_bytes_per_s=max(before, after))
     fraction = measure.roof_fraction(point["flops"], point["bytes"], point["time_s"], now, point["compute_dtype"])
     point.update(bandwidth_before_bytes_per_s=before, bandwidth_after_bytes_per_s=after,
                  bracketed_roof_fraction=fraction)
     return point
+
+
+def decode_working_set_bytes(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, context_tokens: int = 1024,
+                             cache_dtype: str = "bf16", device: str | None = None) -> int:
+    """What one `measure_decode` step reads, bytes (its working_set_bytes), before running it:
+    the matmul weights in the device's compute dtype and the cache, for `sweeps.bracketed`."""
+    spec = get_model(model) if isinstance(model, str) else model
+    dtype = backend.choose_device(device).compute_dtype
+    return roofline.decode_bytes_per_step(spec, batch, context_tokens, dtype, cache_dtype, KERNEL.params)
+
+
+def prefill_working_set_bytes(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int = 1024, batch: int = 1,
+                              device: str | None = None, cache_dtype: str | None = None) -> int:
+    """What one `measure_prefill` pass moves, bytes (its working_set_bytes): the matmul weights and
+    the cache written, in the device's compute dtype unless `cache_dtype` is given."""
+    spec = get_model(model) if isinstance(model, str) else model
+    dtype = backend.choose_device(device).compute_dtype
+    return roofline.prefill_bytes(spec, prompt_tokens, batch, dtype, cache_dtype or dtype, KERNEL.params)
 
 
 def _check_shape(spec: ModelSpec, batch, tokens, name: str, low: int):

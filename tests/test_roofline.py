@@ -2,7 +2,7 @@
 import pytest
 
 from labkit import roofline as r
-from labkit.specs import MODELS, SpecError, get_gpu, get_model
+from labkit.specs import MODELS, HardwareSpec, SpecError, get_gpu, get_model
 
 L8 = get_model("llama-3.1-8b")
 H200 = get_gpu("H200")
@@ -143,3 +143,81 @@ def test_fractions_of_a_roof():
     h100 = get_gpu("H100-SXM")
     assert r.bandwidth_fraction(3.35e12 / 2, h100) == pytest.approx(0.5)
     assert r.time_roof_fraction(1e-3, 4e-3) == 0.25
+
+
+# ---------------------------------------------------------------- the cache-aware roof
+MIB, GIB = 2**20, 2**30
+H100 = get_gpu("H100-SXM")
+# The shape of a 2-core Xeon VM's measured roof (issue 13): an L2 rate up to a few MiB, an L3
+# rate to ~64 MiB, then DRAM.
+CURVE = ((1 * MIB, 140e9), (2 * MIB, 178e9), (4 * MIB, 107e9), (8 * MIB, 57e9), (16 * MIB, 57e9),
+         (32 * MIB, 50e9), (64 * MIB, 9e9), (128 * MIB, 12e9), (512 * MIB, 11e9), (2048 * MIB, 12e9))
+CACHES = (("L2", 4 * MIB), ("L3", 480 * MIB))
+
+
+def test_bandwidth_at_a_working_set_interpolates_in_log_space_and_holds_at_the_ends():
+    assert r.bandwidth_at_bytes_per_s(CURVE, 8 * MIB) == 57e9  # a measured point is itself
+    # half-way in log(bytes) between 32 MiB and 64 MiB: the geometric mean of the two rates
+    assert r.bandwidth_at_bytes_per_s(CURVE, 32 * MIB * 2**0.5) == pytest.approx((50e9 * 9e9) ** 0.5)
+    assert r.bandwidth_at_bytes_per_s(CURVE, 1) == 140e9 and r.bandwidth_at_bytes_per_s(CURVE, 2**40) == 12e9
+    as_dicts = [{"bytes": b, "bytes_per_s": rate} for b, rate in reversed(CURVE)]  # calibrate's form, any order
+    assert r.bandwidth_at_bytes_per_s(as_dicts, 3 * MIB) == r.bandwidth_at_bytes_per_s(CURVE, 3 * MIB)
+    with pytest.raises(SpecError):
+        r.bandwidth_at_bytes_per_s([], MIB)
+    with pytest.raises(SpecError):
+        r.bandwidth_at_bytes_per_s(CURVE, 0)
+
+
+def test_tier_edges_lie_where_the_measured_roof_falls_and_name_the_tiers():
+    edges = r.tier_edges(CURVE, CACHES, "DRAM")
+    assert [e["label"] for e in edges] == ["past the L2: L3", "past the L3: DRAM"]
+    l2, l3 = edges
+    assert 4 * MIB < l2["bytes"] < 8 * MIB and l2["cache_bytes"] == 4 * MIB  # the falls through the
+    assert 32 * MIB < l3["bytes"] < 64 * MIB and l3["cache_bytes"] == 480 * MIB  # geometric means
+    assert (l3["from_bytes_per_s"], l3["to_bytes_per_s"]) == (57e9, 12e9)  # each tier's best point
+    assert r.bandwidth_at_bytes_per_s(CURVE, l3["bytes"] * 1.01, [e["bytes"] for e in edges]) == 9e9
+    flat = ((MIB, 10e9), (64 * MIB, 9.5e9), (2048 * MIB, 10e9))  # no tier 1.25x faster: no edge
+    assert r.tier_edges(flat, CACHES, "DRAM") == []
+
+
+def test_interpolation_never_blends_across_a_tier_edge():
+    """Just past the L3's edge the roof is a DRAM rate, not a blend with the L3's 50 GB/s."""
+    edges = [e["bytes"] for e in r.tier_edges(CURVE, CACHES, "DRAM")]
+    past = edges[1] * 1.05
+    assert r.bandwidth_at_bytes_per_s(CURVE, past, edges) == 9e9  # held at the first DRAM-side point
+    assert r.bandwidth_at_bytes_per_s(CURVE, past) > 9e9  # without the edges: blended
+    assert r.bandwidth_at_bytes_per_s(CURVE, edges[1] * 0.95, edges) == 50e9
+
+
+def test_the_roof_at_a_working_set_is_the_calibration_at_that_tier():
+    calibrated = HardwareSpec("calibrated", None, None, None, None, 300e9, 12e9, 24e9, kind="calibrated",
+                              cache_levels=CACHES, memory_name="DRAM", bandwidth_by_working_set=CURVE)
+    in_l3, in_dram = r.roof_at_working_set(calibrated, 16 * MIB), r.roof_at_working_set(calibrated, GIB)
+    assert in_l3.memory_bandwidth_bytes_per_s == 57e9 and "(L3)" in in_l3.sources["memory_bandwidth_bytes_per_s"]
+    assert in_dram.memory_bandwidth_bytes_per_s == pytest.approx(r.bandwidth_at_bytes_per_s(CURVE, GIB))
+    assert r.memory_tier(16 * MIB, calibrated) == "L3" and r.memory_tier(GIB, calibrated) == "DRAM"
+    assert r.memory_tier(MIB, calibrated) == "L2"
+    assert r.roof_at_working_set(H100, 10 * MIB) is H100  # a datasheet has one bandwidth
+    assert r.memory_tier(10 * MIB, H100) == "L2" and r.memory_tier(GIB, H100) == "HBM"  # by its L2 alone
+    # predictions read the working set's roof: lab-cpu's fp32 weights (~62 MB) are past this L3's edge
+    model = get_model("lab-cpu")
+    step = r.predicted_decode_step_s(model, 1, 0, calibrated, "fp32", "fp32")
+    weights = r.weight_bytes(model, "fp32", "matmul")
+    assert step == pytest.approx(weights / r.roof_at_working_set(calibrated, weights).memory_bandwidth_bytes_per_s)
+    small = r.predicted_decode_step_s(get_model("lab-tiny"), 1, 0, calibrated, "fp32", "fp32")
+    assert small == pytest.approx(r.weight_bytes(get_model("lab-tiny"), "fp32", "matmul") / 140e9)  # in the L2
+    assert r.predicted_decode_step_s(model, 1, 0, H100, "fp32", "fp32") == r.roofline_time_s(
+        r.decode_flops_per_step(model, 1, 0, r.KERNEL), weights, H100, "fp32")  # a datasheet: unchanged
+
+
+def test_l2_resident_flags_working_sets_under_twice_the_l2():
+    l2 = 50 * MIB
+    assert r.l2_resident(99 * MIB, l2) and not r.l2_resident(100 * MIB, l2)
+    assert not r.l2_resident(MIB, None)  # an unknown L2 flags nothing
+
+
+def test_the_chapter_plans_40_percent_of_peak_and_75_percent_of_bandwidth():
+    assert r.chapter_plan_fraction("compute") == r.CHAPTER_MFU == 0.40
+    assert r.chapter_plan_fraction("memory") == r.CHAPTER_BANDWIDTH_EFFICIENCY == 0.75
+    with pytest.raises(SpecError):
+        r.chapter_plan_fraction("cache")

@@ -7,8 +7,9 @@ import pytest
 from labkit import roofline as r
 from labkit.specs import GPUS, MODELS, SpecError, get_gpu, get_model, model_from_config
 
+# memory_name is a word, not a number; bandwidth_by_working_set is a calibration's, empty on a datasheet.
 NUMERIC_GPU_FIELDS = [f.name for f in dataclasses.fields(GPUS["H100-SXM"])
-                      if f.name not in ("name", "sources", "kind")]
+                      if f.name not in ("name", "sources", "kind", "memory_name", "bandwidth_by_working_set")]
 
 
 @pytest.mark.parametrize("name", list(GPUS))
@@ -104,3 +105,20 @@ def test_a_device_name_finds_its_preset_or_none(name, preset):
 def test_every_device_name_pattern_names_a_preset():
     from labkit.specs import PRESET_BY_DEVICE_NAME
     assert {preset for _, preset in PRESET_BY_DEVICE_NAME} <= set(GPUS)
+
+
+def test_each_gpu_preset_has_its_l2_with_a_source_or_says_it_has_none():
+    """The GPU check flags timings whose working set could stay in L2: it needs the L2 of the
+    preset (from a whitepaper) or, where no document states it, the device's own figure."""
+    from labkit.specs import GPU_L2_BYTES, L2_UNKNOWN, l2_bytes_of
+    assert l2_bytes_of(get_gpu("H100-SXM")) == 50 * 2**20 and "whitepaper" in get_gpu("H100-SXM").sources["cache_levels"]
+    assert l2_bytes_of(get_gpu("A100-80GB")) == 40 * 2**20
+    for name, gpu in GPUS.items():
+        assert (l2_bytes_of(gpu) is None) == (name not in GPU_L2_BYTES), name
+        assert gpu.sources["cache_levels"] == (GPU_L2_BYTES[name][1] if name in GPU_L2_BYTES else L2_UNKNOWN)
+        assert gpu.memory_name in ("HBM", "GDDR6", "GDDR6X") and gpu.bandwidth_by_working_set == ()
+
+
+def test_a_spec_read_back_from_json_keeps_tuples():
+    spec = dataclasses.replace(get_gpu("H100-SXM"), bandwidth_by_working_set=[[2**20, 5e12], [2**30, 3e12]])
+    assert spec.bandwidth_by_working_set == ((2**20, 5e12), (2**30, 3e12)) and hash(spec)

@@ -1,5 +1,6 @@
 """labkit.sweeps: real measurements on lab-tiny come back complete and sane; the lab-cpu model's
 phenomena fall inside the CPU sliders' ranges (by formula, not by timing)."""
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,8 @@ from labkit.specs import HardwareSpec, get_model
 COMMON_KEYS = {"phase", "device", "device_name", "hardware", "model", "batch", "cache_dtype", "compute_dtype",
                "kernels", "time_s", "time_min_s", "time_max_s", "spread", "noisy", "samples", "flops", "bytes",
                "predicted_time_s", "bound", "achieved_flops_per_s", "achieved_bytes_per_s", "roof_fraction",
-               "residual", "tokens_per_s", "host_bound"}
+               "residual", "tokens_per_s", "host_bound", "working_set_bytes", "roof_bandwidth_bytes_per_s",
+               "roof_tier", "plan_fraction", "l2_resident"}
 # A stand-in for this machine's calibration (which takes ~10 s): the shape of a 2-core CPU's roof.
 FAKE_ROOF = HardwareSpec("test CPU roof", None, None, None, None, 100e9, 10e9, 16e9, kind="calibrated")
 
@@ -31,6 +33,8 @@ def check_point(point, phase, x_key, x):
     assert point["host_bound"] is None  # a CPU point: the host does the work, nothing to wait for
     assert math.isclose(point["residual"], point["time_s"] / point["predicted_time_s"] - 1)
     assert math.isclose(point["achieved_flops_per_s"], point["flops"] / point["time_s"])
+    assert point["working_set_bytes"] == point["bytes"] and point["l2_resident"] is None  # a CPU has no L2 flag
+    assert point["plan_fraction"] == roofline.chapter_plan_fraction(point["bound"])
 
 
 def test_measure_prefill_on_lab_tiny(fake_roof):
@@ -112,18 +116,43 @@ def test_decode_compute_bound_batch_within_batch_slider_on_calibrated_cpu():
     assert batch is not None and low < batch < high, f"compute-bound from batch {batch}, slider {low}..{high}"
 
 
+def test_a_point_is_judged_at_the_roof_of_its_working_set(monkeypatch):
+    """A calibration with a curve: a lab-tiny step (~0.3 MB of fp32 weights) sits in the L2, and
+    its prediction, bound and fraction use the L2's rate, not the DRAM's."""
+    mib = 2**20
+    roof = dataclasses.replace(FAKE_ROOF, cache_levels=(("L2", 4 * mib), ("L3", 64 * mib)), memory_name="DRAM",
+                               bandwidth_by_working_set=((mib // 4, 80e9), (mib, 80e9), (16 * mib, 30e9),
+                                                         (256 * mib, 10e9)))
+    monkeypatch.setattr(calibrate, "load_or_calibrate", lambda device, refresh=False: (roof, {}))
+    point = sweeps.measure_decode("lab-tiny", batch=1, context_tokens=8, cache_dtype="fp32", device="cpu")
+    assert point["roof_tier"] == "L2" and point["roof_bandwidth_bytes_per_s"] == pytest.approx(80e9)
+    at_tier = roofline.roof_at_working_set(roof, point["working_set_bytes"])
+    assert point["predicted_time_s"] == roofline.roofline_time_s(point["flops"], point["bytes"], at_tier, "fp32")
+    assert point["roof_fraction"] == pytest.approx(point["predicted_time_s"] / point["time_s"])
+
+
+def test_working_sets_are_known_before_the_point_runs():
+    spec = get_model("lab-tiny")
+    assert sweeps.decode_working_set_bytes("lab-tiny", 3, 100, "int8", "cpu") == roofline.decode_bytes_per_step(
+        spec, 3, 100, "fp32", "int8", "matmul")
+    assert sweeps.prefill_working_set_bytes("lab-tiny", 64, 2, "cpu") == roofline.prefill_bytes(spec, 64, 2, "fp32", "fp32",
+                                                                                                "matmul")
+
+
 def test_bracketed_judges_a_point_against_the_bandwidth_of_its_moment(fake_roof, monkeypatch):
-    """The bandwidth read just before and after a point; the faster reading is the roof of its
-    moment. A memory-bound point's fraction follows it; the FLOP peak stays the calibration's."""
+    """The bandwidth read just before and after a point, at its working set; the faster reading
+    is the roof of its moment. A memory-bound point's fraction follows it; the FLOP peak stays
+    the calibration's."""
     readings, order = iter([12e9, 15e9]), []
-    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device: order.append("bandwidth") or next(readings))
+    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: order.append(
+        ("bandwidth", working_set_bytes)) or next(readings))
     point = {"device": "cpu", "flops": 1e6, "bytes": 1e8, "time_s": 0.02, "compute_dtype": "fp32",
              "roof_fraction": 0.5}
-    got = sweeps.bracketed(lambda: order.append("point") or dict(point), "cpu")
-    assert order == ["bandwidth", "point", "bandwidth"]
+    got = sweeps.bracketed(lambda: order.append("point") or dict(point), "cpu", 10**8)
+    assert order == [("bandwidth", 10**8), "point", ("bandwidth", 10**8)]
     assert got["bandwidth_before_bytes_per_s"] == 12e9 and got["bandwidth_after_bytes_per_s"] == 15e9
     assert got["bracketed_roof_fraction"] == pytest.approx(1e8 / 0.02 / 15e9)  # 5 GB/s of 15
     assert got["roof_fraction"] == 0.5  # the calibration's fraction is kept beside it
-    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device: 30e9)
+    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: 30e9)
     compute_bound = dict(point, flops=1e12, time_s=20.0)  # 1e12 FLOP at FAKE_ROOF's 100 GFLOP/s: 10 s
     assert sweeps.bracketed(lambda: dict(compute_bound), "cpu")["bracketed_roof_fraction"] == pytest.approx(0.5)

@@ -1,0 +1,198 @@
+"""What the operating system says about this CPU: its model, its cache levels, its last boot.
+
+Stdlib only, no torch: `calibrate` asks it how far the bandwidth sweep must go (past the
+last-level cache) and whether a cached calibration still describes this machine.
+
+    caches = cpu_caches()        # CacheLevels: L2 4 MiB (2 instances), L3 480 MiB (1 instance)
+    caches.last_level_bytes      # 503,316,480
+    cpu_identity()               # "vendor_id GenuineIntel cpu family 6 model 167 stepping 1: Intel(R) Xeon(R) Processor"
+    last_boot()                  # datetime of the last boot, or None where the OS does not say
+
+A cache level's `bytes` is what all the cores this process may run on hold together: a per-core
+L2 counts once per core, a shared L3 once. That is the working set an all-core read keeps in
+that level. Where each size comes from, in order:
+
+  1. Linux sysfs, /sys/devices/system/cpu/cpu*/cache/index*/{level,type,size,shared_cpu_list}
+     (x86 and most ARM servers): sizes and which cores share each instance;
+  2. macOS, `sysctl hw.perflevel0.l2cachesize` / `hw.l2cachesize` / `hw.l3cachesize` (Apple
+     silicon reports no L3; its system-level cache is not an OS-visible level);
+  3. glibc's sysconf(_SC_LEVEL2_CACHE_SIZE / _SC_LEVEL3_CACHE_SIZE), assuming a private L2 per
+     core and one shared L3;
+  4. nothing reported (some ARM kernels, containers hiding /sys): FALLBACK_LAST_LEVEL_BYTES,
+     stated as an assumption in `source`, so a calibration sweeps far enough anyway.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+SYSFS = Path("/sys/devices/system/cpu")
+# The assumption where the OS reports no cache: 32 MiB is a common desktop and laptop
+# last-level cache; a calibration still sweeps to 4x it, past where most machines' caches end.
+FALLBACK_LAST_LEVEL_BYTES = 32 * 2**20
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    """One data (or unified) cache level as all the usable cores see it."""
+
+    name: str  # "L2"
+    bytes: int  # all its instances among the usable cores together
+    instances: int  # a per-core cache has one per core, a shared one a single instance
+
+
+@dataclass(frozen=True)
+class CacheLevels:
+    """The levels smallest first, and where the sizes came from (an assumption says so)."""
+
+    levels: tuple[CacheLevel, ...]
+    source: str
+
+    @property
+    def last_level_bytes(self) -> int:
+        return self.levels[-1].bytes if self.levels else FALLBACK_LAST_LEVEL_BYTES
+
+    def as_pairs(self) -> tuple[tuple[str, int], ...]:
+        """((name, bytes), ...) smallest first: the form `specs.HardwareSpec.cache_levels` keeps."""
+        return tuple((level.name, level.bytes) for level in self.levels)
+
+    def describe(self) -> str:
+        """"L2 4 MiB (2 instances), L3 480 MiB (1 instance), from Linux sysfs (...)"."""
+        parts = [f"{lv.name} {_mib(lv.bytes)} ({lv.instances} instance{'s' if lv.instances > 1 else ''})"
+                 for lv in self.levels]
+        return f"{', '.join(parts) or 'no cache level reported'}, {self.source}"
+
+
+def cpu_caches(cpus: set[int] | None = None) -> CacheLevels:
+    """The L2 and larger cache levels of the cores in `cpus` (default: those this process may
+    run on), from the first source in the module docstring that reports any."""
+    cpus = _usable_cpus() if cpus is None else set(cpus)
+    for reader in (_from_sysfs, _from_sysctl, _from_sysconf):
+        found = reader(cpus)
+        if found is not None and found.levels:
+            return found
+    return CacheLevels((CacheLevel("LLC", FALLBACK_LAST_LEVEL_BYTES, 1),),
+                       f"assumed: the OS reports no cache sizes here; a {_mib(FALLBACK_LAST_LEVEL_BYTES)} "
+                       "last-level cache assumed")
+
+
+def parse_size(text: str) -> int:
+    """sysfs and lscpu sizes: "48K", "2048K", "491520K", "1M", "32 MiB" -> bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a cache size: {text!r}")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def _from_sysfs(cpus: set[int], root: Path = SYSFS) -> CacheLevels | None:
+    instances: dict[tuple[int, str], int] = {}  # (level, shared cpu list) -> size of that instance
+    for cpu in sorted(cpus):
+        for index in sorted((root / f"cpu{cpu}" / "cache").glob("index*")):
+            try:
+                level = int((index / "level").read_text())
+                kind = (index / "type").read_text().strip()
+                size = parse_size((index / "size").read_text())
+                shared = (index / "shared_cpu_list").read_text().strip() if (index / "shared_cpu_list").exists() else str(cpu)
+            except (OSError, ValueError):
+                continue
+            if level >= 2 and kind in ("Data", "Unified") and size > 0:
+                instances[(level, shared)] = size
+    return _levels(instances, "from Linux sysfs (/sys/devices/system/cpu/*/cache)") if instances else None
+
+
+def _from_sysctl(cpus: set[int]) -> CacheLevels | None:
+    if platform.system() != "Darwin":
+        return None
+    values = {}
+    for key in ("hw.perflevel0.l2cachesize", "hw.perflevel0.cpusperl2", "hw.l2cachesize", "hw.l3cachesize"):
+        out = _run(["sysctl", "-n", key])
+        values[key] = int(out) if out and out.isdigit() else 0
+    l2 = values["hw.perflevel0.l2cachesize"] or values["hw.l2cachesize"]
+    per_l2 = values["hw.perflevel0.cpusperl2"] or len(cpus)
+    levels = []
+    if l2:  # one L2 per cluster of `per_l2` cores (the performance cores' clusters on Apple silicon)
+        clusters = max(1, len(cpus) // max(per_l2, 1))
+        levels.append(CacheLevel("L2", l2 * clusters, clusters))
+    if values["hw.l3cachesize"]:
+        levels.append(CacheLevel("L3", values["hw.l3cachesize"], 1))
+    return CacheLevels(tuple(levels), "from macOS sysctl (hw.*cachesize)") if levels else None
+
+
+def _from_sysconf(cpus: set[int]) -> CacheLevels | None:
+    levels = []
+    for name, key, instances in (("L2", "SC_LEVEL2_CACHE_SIZE", len(cpus)), ("L3", "SC_LEVEL3_CACHE_SIZE", 1)):
+        try:
+            size = os.sysconf(key)
+        except (ValueError, OSError, AttributeError):
+            continue
+        if size and size > 0:
+            levels.append(CacheLevel(name, int(size) * instances, instances))
+    return CacheLevels(tuple(levels), "from glibc sysconf; assumed: a private L2 per core, one shared L3") if levels else None
+
+
+def _levels(instances: dict[tuple[int, str], int], source: str) -> CacheLevels:
+    by_level: dict[int, list[int]] = {}
+    for (level, _shared), size in instances.items():
+        by_level.setdefault(level, []).append(size)
+    levels = tuple(CacheLevel(f"L{level}", sum(sizes), len(sizes)) for level, sizes in sorted(by_level.items()))
+    return CacheLevels(levels, source)
+
+
+def _usable_cpus() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity call
+        return set(range(os.cpu_count() or 1))
+
+
+def cpu_identity() -> str:
+    """The CPU as precisely as the OS names it: vendor, family, model, stepping and model name
+    from /proc/cpuinfo (a VM's "Intel(R) Xeon(R) Processor" alone names no generation), the
+    brand string on macOS, else what `platform` says."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip() and fields:
+                break  # the first processor's block is enough
+    except OSError:
+        pass
+    if "model name" in fields or "CPU part" in fields:
+        ident = " ".join(f"{k} {fields[k]}" for k in ("vendor_id", "cpu family", "model", "stepping",
+                                                          "CPU implementer", "CPU part", "CPU variant") if k in fields)
+        return f"{ident}: {fields.get('model name', platform.machine())}"
+    brand = _run(["sysctl", "-n", "machdep.cpu.brand_string"]) if platform.system() == "Darwin" else None
+    return brand or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def last_boot() -> datetime | None:
+    """When this machine last booted (UTC): /proc/stat's btime on Linux, kern.boottime on
+    macOS; None where the OS does not say."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return datetime.fromtimestamp(int(line.split()[1]), timezone.utc)
+    except (OSError, ValueError, IndexError):
+        pass
+    out = _run(["sysctl", "-n", "kern.boottime"]) if platform.system() == "Darwin" else None
+    match = re.search(r"sec\s*=\s*(\d+)", out or "")
+    return datetime.fromtimestamp(int(match.group(1)), timezone.utc) if match else None
+
+
+def _run(args: list[str]) -> str | None:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.0f} KiB"
