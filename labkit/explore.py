@@ -29,11 +29,12 @@ def spread(low: int, high: int, step: int, count: int) -> list[int]:
 
 
 def measured_series(records: list[dict], x_key: str) -> dict:
-    """Measured points sorted by `x_key`, with predicted time and residual (measured / predicted - 1).
-    Noisy points (spread above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
+    """Measured points sorted by `x_key`, with predicted time and residual (measured / predicted - 1),
+    and each point's fraction of its roof (`roof_phrase`, in its hover label). Noisy points
+    (spread above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
     rows = sorted(records, key=lambda rec: rec[x_key])
     series = {"x": [], "time_s": [], "predicted_time_s": [], "residual": [], "noisy": [],
-              "spread": [], "label": []}
+              "spread": [], "roof_fraction": [], "label": []}
     for rec in rows:
         series["x"].append(rec[x_key])
         series["time_s"].append(rec["time_s"])
@@ -41,10 +42,29 @@ def measured_series(records: list[dict], x_key: str) -> dict:
         series["residual"].append(rec["time_s"] / rec["predicted_time_s"] - 1)
         series["noisy"].append(bool(rec.get("noisy", False)))
         series["spread"].append(rec.get("spread", 0.0))
-        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {rec.get('bound', '')}-bound, "
+        series["roof_fraction"].append(rec.get("roof_fraction"))
+        roof = roof_phrase(rec) or f"{rec.get('bound', '')}-bound"
+        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {roof}, "
                                f"spread {rec.get('spread', 0.0):.0%} over {rec.get('samples', 1)} calls"
                                + (" (noisy)" if rec.get("noisy") else ""))
     return series
+
+
+PLAN_LABEL = (f"the chapter's planning line ({r.CHAPTER_MFU:.0%} of peak FLOP/s, "
+              f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth)")
+
+
+def roof_phrase(point: dict) -> str | None:
+    """How close a measured point came to its roof, beside the chapter's planning fraction:
+    "0.62 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" or "0.41 of the
+    compute-bound roof (peak FLOP/s; the chapter plans 0.40)"; None without a roof fraction."""
+    if point.get("roof_fraction") is None or point.get("bound") not in ("compute", "memory"):
+        return None
+    bound = point["bound"]
+    what = "peak FLOP/s" if bound == "compute" else (f"{point['roof_tier']} bandwidth" if point.get("roof_tier")
+                                                     else "bandwidth")
+    plan = point.get("plan_fraction") or r.chapter_plan_fraction(bound)
+    return f"{point['roof_fraction']:.2f} of the {bound}-bound roof ({what}; the chapter plans {plan:.2f})"
 
 
 def above_roof_note(fraction: float) -> str | None:
@@ -81,7 +101,7 @@ def point_summary(point: dict) -> str:
         timed += f", spread {point['spread']:.0%}"
     parts = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
              f"predicted {format_seconds(point['predicted_time_s'])}",
-             f"{point['roof_fraction']:.2f} of the {point['bound']}-bound roof" if "roof_fraction" in point else None,
+             roof_phrase(point),
              f"on {point.get('device_name', point.get('device', '?'))}",
              timed, "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None]
     return "; ".join(p for p in parts if p) + "".join(f" — {note}" for note in point_notes(point))
@@ -141,18 +161,53 @@ def phase_points(model: ModelSpec, hardware: HardwareSpec, prompt_tokens: int, b
 
 def prefill_prediction(model: ModelSpec, hardware: HardwareSpec, prompts: list[int], dtype: str,
                        batch: int = 1, counting: r.Counting = r.KERNEL) -> dict:
-    """Predicted prefill time for each prompt length on `hardware` (calibrated: efficiency 1)."""
-    return {"prompt_tokens": list(prompts),
-            "predicted_time_s": [r.predicted_prefill_time_s(model, p, hardware, batch, dtype, counting)
-                                 for p in prompts]}
+    """Predicted prefill time for each prompt length on `hardware` (calibrated: efficiency 1),
+    with the chapter's planning line and the roof's tiers (`with_plan_and_tiers`)."""
+    time_s = lambda p, **plan: r.predicted_prefill_time_s(model, p, hardware, batch, dtype, counting, **plan)  # noqa: E731
+    working_sets = [r.prefill_bytes(model, p, batch, dtype, r.cache_dtype_for(dtype), counting.params) for p in prompts]
+    return with_plan_and_tiers({"prompt_tokens": list(prompts)}, prompts, time_s, working_sets, hardware)
 
 
 def decode_prediction(model: ModelSpec, hardware: HardwareSpec, batches: list[int], context_tokens: int,
                       dtype: str, cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
-    """Predicted decode step time for each batch size at a fixed context length."""
-    return {"batch": list(batches),
-            "predicted_time_s": [r.predicted_decode_step_s(model, b, context_tokens, hardware, dtype,
-                                                           cache_dtype, counting) for b in batches]}
+    """Predicted decode step time for each batch size at a fixed context length, with the
+    chapter's planning line and the roof's tiers (`with_plan_and_tiers`)."""
+    time_s = lambda b, **plan: r.predicted_decode_step_s(model, b, context_tokens, hardware, dtype,  # noqa: E731
+                                                         cache_dtype, counting, **plan)
+    working_sets = [r.decode_bytes_per_step(model, b, context_tokens, dtype, cache_dtype, counting.params) for b in batches]
+    return with_plan_and_tiers({"batch": list(batches)}, batches, time_s, working_sets, hardware)
+
+
+def with_plan_and_tiers(prediction: dict, xs: list, time_s, working_sets: list[float], hardware: HardwareSpec) -> dict:
+    """`prediction` plus, at each x: predicted_time_s (`time_s(x)`, the roof), planned_time_s
+    (`time_s(x, mfu=CHAPTER_MFU, bandwidth_efficiency=CHAPTER_BANDWIDTH_EFFICIENCY)`, the chapter's
+    planning line) and working_set_bytes; `tiers`, the marks where the working set crosses a
+    measured tier edge (`tier_marks`), and `roof_tiers`, the tiers the line is drawn at."""
+    plan = {"mfu": r.CHAPTER_MFU, "bandwidth_efficiency": r.CHAPTER_BANDWIDTH_EFFICIENCY}
+    tiers = [r.memory_tier(w, hardware) for w in working_sets] if hardware.bandwidth_by_working_set else []
+    return {**prediction, "predicted_time_s": [time_s(x) for x in xs], "planned_time_s": [time_s(x, **plan) for x in xs],
+            "working_set_bytes": list(working_sets), "tiers": tier_marks(hardware, list(xs), working_sets),
+            "roof_tiers": list(dict.fromkeys(tiers))}
+
+
+def tier_marks(hardware: HardwareSpec, xs: list, working_sets: list[float]) -> list[dict]:
+    """Where along a chart's x axis the working set crosses one of `hardware`'s measured tier
+    edges (`roofline.tier_edges`), so a bend caused by the data leaving a cache is drawn as that:
+    {"x", "label" ("past the L3: DRAM"), "detail"}. x is interpolated linearly in the working set
+    between the two grid points around the edge. None on a datasheet (one bandwidth, no edges)."""
+    if not hardware.bandwidth_by_working_set:
+        return []
+    marks, mib = [], 2**20
+    for edge in r.tier_edges(hardware.bandwidth_by_working_set, hardware.cache_levels, hardware.memory_name):
+        cross = edge["bytes"]
+        for (x0, w0), (x1, w1) in zip(zip(xs, working_sets), zip(xs[1:], working_sets[1:])):
+            if w0 != w1 and min(w0, w1) < cross <= max(w0, w1):
+                marks.append({"x": x0 + (cross - w0) / (w1 - w0) * (x1 - x0), "label": edge["label"], "detail": (
+                    f"working set {cross / mib:,.0f} MiB: the roof falls from {edge['from_bytes_per_s'] / 1e9:,.3g} "
+                    f"to {edge['to_bytes_per_s'] / 1e9:,.3g} GB/s (the OS reports a {edge['cache_bytes'] / mib:,.0f} MiB "
+                    f"{edge['from']})")})
+                break
+    return marks
 
 
 def fix_lists() -> list[dict]:
@@ -279,8 +334,9 @@ def decode_readout(record: dict) -> dict:
     """One `sweeps.measure_decode` record as chart data: step time and tokens/s, measured and
     predicted; the weights' and the cache's bytes in the step's read; the cache share and regime."""
     cache = record["cache_share"] * record["bytes"]
-    return {"time_ms": [1e3 * record["time_s"], 1e3 * record["predicted_time_s"]],
-            "tokens_per_s": [record["tokens_per_s"], record["batch"] / record["predicted_time_s"]],
+    times = [record["time_s"], record["predicted_time_s"]] + ([record["planned_time_s"]] if "planned_time_s" in record else [])
+    return {"bars": ["measured", "roofline", "chapter's plan"][:len(times)], "time_ms": [1e3 * t for t in times],
+            "tokens_per_s": [record["tokens_per_s"]] + [record["batch"] / t for t in times[1:]],
             "weights_bytes": record["bytes"] - cache, "cache_bytes": cache,
             "cache_share": record["cache_share"], "regime": record["regime"],
             "label": (f"B={record['batch']}, S={record['context_tokens']:,}, cache {record['cache_dtype']} "
@@ -322,10 +378,11 @@ def throughput_prediction(model: ModelSpec, hardware: HardwareSpec, batches: lis
                           dtype: str, cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
     """Predicted decode throughput (batch / step time, tokens/s) and the batch where decode
     becomes compute-bound on `hardware` (None if the cache read keeps it bandwidth-bound)."""
-    times = [r.predicted_decode_step_s(model, b, context_tokens, hardware, dtype, cache_dtype, counting) for b in batches]
+    steps = decode_prediction(model, hardware, batches, context_tokens, dtype, cache_dtype, counting)
     bound = r.decode_compute_bound_batch(model, hardware, context_tokens, dtype, cache_dtype, dtype, counting)
-    return {"batch": list(batches), "tokens_per_s": [b / t for b, t in zip(batches, times)],
-            "compute_bound_batch": bound}
+    return {"batch": list(batches), "tokens_per_s": [b / t for b, t in zip(batches, steps["predicted_time_s"])],
+            "planned_tokens_per_s": [b / t for b, t in zip(batches, steps["planned_time_s"])],
+            "tiers": steps["tiers"], "roof_tiers": steps["roof_tiers"], "compute_bound_batch": bound}
 
 
 def batches_through_ridge(batches: list[int], compute_bound_batch: float | None, most: int) -> list[int]:
@@ -348,10 +405,12 @@ def throughput_series(records: list[dict]) -> dict:
 
 def context_prediction(model: ModelSpec, hardware: HardwareSpec, contexts: list[int], batch: int, dtype: str,
                        cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
-    """Predicted decode step time at each context length for a fixed batch."""
-    return {"context_tokens": list(contexts),
-            "predicted_time_s": [r.predicted_decode_step_s(model, batch, s, hardware, dtype, cache_dtype, counting)
-                                 for s in contexts]}
+    """Predicted decode step time at each context length for a fixed batch, with the chapter's
+    planning line and the roof's tiers (`with_plan_and_tiers`)."""
+    time_s = lambda s, **plan: r.predicted_decode_step_s(model, batch, s, hardware, dtype, cache_dtype,  # noqa: E731
+                                                         counting, **plan)
+    working_sets = [r.decode_bytes_per_step(model, batch, s, dtype, cache_dtype, counting.params) for s in contexts]
+    return with_plan_and_tiers({"context_tokens": list(contexts)}, contexts, time_s, working_sets, hardware)
 
 
 # ---- lesson 05: static vs continuous batching

@@ -306,7 +306,7 @@ def predicted_prefill_time_s(model: ModelSpec, prompt_tokens: int, hardware: Har
     bandwidth is the one at the pass's working set (weights and the cache written) where
     `hardware` has a measured curve (`roof_at_working_set`)."""
     flops = prefill_flops(model, prompt_tokens, batch, counting, past_tokens)
-    nbytes = prefill_bytes(model, prompt_tokens, batch, dtype, _cache_dtype_for(dtype), counting.params)
+    nbytes = prefill_bytes(model, prompt_tokens, batch, dtype, cache_dtype_for(dtype), counting.params)
     return roofline_time_s(flops, nbytes, roof_at_working_set(hardware, nbytes), dtype, mfu, bandwidth_efficiency)
 
 
@@ -474,7 +474,8 @@ def memory_footprint_bytes(model: ModelSpec, batch: int, context_tokens: int, we
 
 
 # ---------------------------------------------------------------- checks
-def _cache_dtype_for(dtype: str) -> str:
+def cache_dtype_for(dtype: str) -> str:
+    """The cache dtype a prefill in `dtype` writes: its own, or bf16 where no cache is kept in it."""
     return dtype if dtype in CACHE_DTYPES else "bf16"
 
 

@@ -118,6 +118,9 @@ def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
         "time_min_s": timing.min_s, "time_max_s": timing.max_s, "spread": timing.spread, "noisy": timing.noisy,
         "samples": len(timing.samples_s), "flops": flops, "bytes": bytes_moved,
         "predicted_time_s": predicted_s, "bound": bound,
+        # the chapter's planning line: 40 % of peak FLOP/s, 75 % of the bandwidth (at this working set)
+        "planned_time_s": roofline.roofline_time_s(flops, bytes_moved, roof, dtype, roofline.CHAPTER_MFU,
+                                                   roofline.CHAPTER_BANDWIDTH_EFFICIENCY),
         "working_set_bytes": bytes_moved, "roof_bandwidth_bytes_per_s": roof.memory_bandwidth_bytes_per_s,
         "roof_tier": roofline.memory_tier(bytes_moved, hardware),
         "achieved_flops_per_s": rates["achieved_flops_per_s"],

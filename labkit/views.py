@@ -213,11 +213,14 @@ def table(rows: list[dict]) -> widgets.HTML:
 # ---- every lesson: measured beside predicted
 def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, title: str,
                                  log_y: bool = False) -> LiveFigure:
-    """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1)."""
+    """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1).
+    Where `predicted` has them (`explore.with_plan_and_tiers`): the chapter's planning line,
+    dashed, as trace 4 (after the four the measured points update), and a dotted mark where the
+    working set leaves a cache ("past the L3: DRAM"), so that bend is not read as a phase's."""
     fig = LiveFigure(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
                                    vertical_spacing=0.06))
     fig.add_scatter(x=predicted[x_key], y=predicted["predicted_time_s"], mode="lines",
-                    line=PREDICTED, name="predicted (calibrated roofline)", row=1, col=1)
+                    line=PREDICTED, name=_roof_name(predicted), row=1, col=1)
     fig.add_scatter(x=[], y=[], mode="markers", marker=dict(size=10, **MEASURED), name="measured", row=1, col=1)
     fig.add_scatter(x=[], y=[], mode="markers", marker=dict(size=10, symbol="x", **NOISY),
                     name="measured, noisy (spread too wide)", row=1, col=1)
@@ -226,7 +229,32 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
     fig.update_yaxes(title="measured/predicted − 1", tickformat="+.0%", row=2, col=1)
     fig.update_xaxes(title=x_title, row=2, col=1)
     fig.update_layout(title=title, height=520, legend=dict(orientation="h", y=-0.25), bargap=0.6)
+    if "planned_time_s" in predicted:
+        fig.add_scatter(x=predicted[x_key], y=predicted["planned_time_s"], mode="lines", line=PLAN,
+                        name=explore.PLAN_LABEL, row=1, col=1)
+    add_tier_marks(fig, predicted.get("tiers", []), rows=(1, 2))
     return fig
+
+
+PLAN = dict(color=PREDICTED["color"], dash="dash", width=1.5)
+TIER = dict(color="#7f7f7f", dash="dot", width=1)
+
+
+def _roof_name(predicted: dict) -> str:
+    """The predicted line's legend name, with the tiers whose bandwidth it is drawn at."""
+    tiers = predicted.get("roof_tiers") or []
+    return "predicted (calibrated roofline" + (f", {' then '.join(tiers)} bandwidth)" if tiers else ")")
+
+
+def add_tier_marks(fig, marks: list[dict], rows=(None,)):
+    """A dotted vertical line at each `explore.tier_marks` mark (labelled in the first row, its
+    detail on hover): where the working set leaves a cache and the roof drops a tier."""
+    for mark in marks:
+        for i, row in enumerate(rows):
+            where = dict(row=row, col=1) if row else {}
+            label = dict(annotation_text=mark["label"], annotation_position="top right",
+                         annotation=dict(hovertext=mark["detail"], font=dict(size=11, color="#555"))) if i == 0 else {}
+            fig.add_vline(x=mark["x"], line=TIER, **label, **where)
 
 
 def set_measured(fig: LiveFigure, series: dict):
@@ -455,6 +483,7 @@ def traffic_figure(traffic: dict, title: str) -> go.Figure:
 
 
 # ---- lesson 04: decode and the cache read
+PLAN_BAR = dict(color="#aec7e8")  # the chapter's plan: the roofline's blue, paler
 REGIME_COLOURS = {"weights-dominated": "rgba(31,119,180,0.15)", "mixed": "rgba(150,150,150,0.15)",
                   "cache-dominated": "rgba(214,39,40,0.15)"}
 
@@ -474,7 +503,7 @@ def decode_readout_figure(bands: list[dict]) -> LiveFigure:
     predicted), and the cache's share of the step's read against the three regimes."""
     fig = LiveFigure(make_subplots(rows=1, cols=3, column_widths=[0.22, 0.22, 0.56], horizontal_spacing=0.09,
                                    subplot_titles=["step time (ms)", "tokens/s", "the cache's share of one step's read"]))
-    for col in (1, 2):
+    for col in (1, 2):  # measured, the roofline, and (when the record has it) the chapter's plan
         fig.add_bar(x=["measured", "predicted"], y=[0, 0], marker=dict(color=[MEASURED["color"], PREDICTED["color"]]),
                     texttemplate="%{y:,.3~r}", textposition="outside", showlegend=False, row=1, col=col)
     # The label sits inside a long bar and beside a short one, so it never runs past the axis's end.
@@ -489,9 +518,10 @@ def decode_readout_figure(bands: list[dict]) -> LiveFigure:
 def set_decode_readout(fig: LiveFigure, readout: dict):
     """Put an `explore.decode_readout` into a `decode_readout_figure`."""
     gb = 1e9
+    colours = [MEASURED["color"], PREDICTED["color"], PLAN_BAR["color"]][:len(readout["time_ms"])]
     with fig.batch_update():
-        fig.data[0].y = readout["time_ms"]
-        fig.data[1].y = readout["tokens_per_s"]
+        for trace, key in ((fig.data[0], "time_ms"), (fig.data[1], "tokens_per_s")):
+            trace.x, trace.y, trace.marker.color = readout.get("bars", ["measured", "predicted"]), readout[key], colours
         fig.data[2].x = [readout["cache_share"]]
         fig.data[2].text = [f"{readout['cache_share']:.0%} ({readout['cache_bytes'] / gb:.3g} of "
                             f"{(readout['weights_bytes'] + readout['cache_bytes']) / gb:.3g} GB): {readout['regime']}"]
@@ -536,6 +566,11 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
     elif measured["batch"]:  # a mark past the last measured point would only stretch the chart
         title += (" — at this context no batch reaches the ridge" if ridge is None
                   else f" — compute-bound from B ≈ {ridge:,.0f}, past the batches measured")
+    if "planned_tokens_per_s" in predicted:  # the chapter's planning line, and where the roof drops a tier
+        fig.add_scatter(x=predicted["batch"], y=predicted["planned_tokens_per_s"], mode="lines", line=PLAN,
+                        name=explore.PLAN_LABEL)
+        fig.data[0].name = _roof_name(predicted)
+    add_tier_marks(fig, predicted.get("tiers", []))
     fig.update_xaxes(title="batch B")
     fig.update_yaxes(title="tokens/s (B ÷ step time)", rangemode="tozero")
     fig.update_layout(title=title, height=440, legend=dict(orientation="h", y=-0.2))

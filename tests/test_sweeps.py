@@ -13,7 +13,7 @@ COMMON_KEYS = {"phase", "device", "device_name", "hardware", "model", "batch", "
                "kernels", "time_s", "time_min_s", "time_max_s", "spread", "noisy", "samples", "flops", "bytes",
                "predicted_time_s", "bound", "achieved_flops_per_s", "achieved_bytes_per_s", "roof_fraction",
                "residual", "tokens_per_s", "host_bound", "working_set_bytes", "roof_bandwidth_bytes_per_s",
-               "roof_tier", "plan_fraction", "l2_resident"}
+               "roof_tier", "plan_fraction", "l2_resident", "planned_time_s"}
 # A stand-in for this machine's calibration (which takes ~10 s): the shape of a 2-core CPU's roof.
 FAKE_ROOF = HardwareSpec("test CPU roof", None, None, None, None, 100e9, 10e9, 16e9, kind="calibrated")
 
@@ -35,6 +35,8 @@ def check_point(point, phase, x_key, x):
     assert math.isclose(point["achieved_flops_per_s"], point["flops"] / point["time_s"])
     assert point["working_set_bytes"] == point["bytes"] and point["l2_resident"] is None  # a CPU has no L2 flag
     assert point["plan_fraction"] == roofline.chapter_plan_fraction(point["bound"])
+    # the chapter's plan: 40 % of peak, 75 % of bandwidth, so between 1/0.75 and 1/0.40 of the roof's time
+    assert 0.999 / 0.75 <= point["planned_time_s"] / point["predicted_time_s"] <= 1.001 / 0.40
 
 
 def test_measure_prefill_on_lab_tiny(fake_roof):

@@ -137,7 +137,12 @@ def test_point_summary_gives_numbers_and_how_they_were_timed():
              "bound": "memory", "device_name": "a CPU", "samples": 12, "estimator": "fastest", "noisy": False,
              "spread": 0.35}
     line = explore.point_summary(point)
-    assert line == ("measured 9.40 ms (1,812 tokens/s); predicted 4.00 ms; 0.38 of the memory-bound roof; "
-                    "on a CPU; fastest of 12 calls, spread 35%")
+    assert line == ("measured 9.40 ms (1,812 tokens/s); predicted 4.00 ms; 0.38 of the memory-bound roof "
+                    "(bandwidth; the chapter plans 0.75); on a CPU; fastest of 12 calls, spread 35%")
+    # the tier whose bandwidth the roof is, and a compute-bound point against peak FLOP/s and 40 %
+    assert "0.38 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in explore.point_summary(
+        {**point, "roof_tier": "L3", "plan_fraction": 0.75})
+    assert "0.45 of the compute-bound roof (peak FLOP/s; the chapter plans 0.40)" in explore.point_summary(
+        {**point, "bound": "compute", "roof_fraction": 0.45})
     assert "e+" not in line
     assert "noisy" in explore.point_summary({**point, "noisy": True})

@@ -85,3 +85,46 @@ def test_a_point_above_its_roof_says_why_in_the_status_line():
     plain = make_lab()  # records without roof_fraction, or under the roof: no note
     plain.controls["prompt_tokens"].value = 200
     assert "calibrated roof" not in plain.error.widget.value
+
+
+def test_measured_vs_predicted_shows_the_plan_beside_the_roof_and_where_the_tier_changes():
+    """Issue 13, items 1 and 6: the chapter's planning line (trace 4, after the four the measured
+    points update) and a labelled mark where the working set leaves a cache; the hover and the
+    status line give each point's fraction of its roof beside the plan."""
+    from labkit.specs import HardwareSpec
+    mib = 2**20
+    cpu = HardwareSpec("a CPU", None, None, None, None, 300e9, 12e9, 24e9, kind="calibrated",
+                       cache_levels=(("L2", 4 * mib), ("L3", 480 * mib)), memory_name="DRAM",
+                       bandwidth_by_working_set=((mib, 140e9), (4 * mib, 107e9), (8 * mib, 57e9), (32 * mib, 50e9),
+                                                 (64 * mib, 12e9), (2048 * mib, 12e9)))
+    predicted = explore.context_prediction(get_model("lab-tiny"), cpu, list(range(0, 8193, 256)), 64, "fp32", "fp32")
+    lab = views.SliderLab({"context_tokens": views.int_slider("S", 256, 0, 8192, 256)},
+                          lambda context_tokens: {**fake_measure(100), "context_tokens": context_tokens,
+                                                  "roof_fraction": 0.6, "bound": "memory", "roof_tier": "L3",
+                                                  "plan_fraction": 0.75},
+                          predicted, "context_tokens", "S", "t")
+    fig = lab.figure
+    assert fig.data[4].name == explore.PLAN_LABEL and fig.data[4].line.dash == "dash"
+    assert list(fig.data[4].y) == predicted["planned_time_s"]
+    assert "L2 then L3 then DRAM bandwidth" in fig.data[0].name
+    labels = [a.text for a in fig.layout.annotations]
+    assert "past the L2: L3" in labels and "past the L3: DRAM" in labels
+    marks = [s for s in fig.layout.shapes if s.type == "line"]
+    assert len(marks) == 2 * len(predicted["tiers"])  # on the time and the residual rows
+    lab.controls["context_tokens"].value = 512
+    assert "0.60 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in fig.data[1].hovertext[0]
+    assert "0.60 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in lab.error.widget.value
+    plain = make_lab().figure  # a prediction without the plan: the four traces as before
+    assert len(plain.data) == 4 and not plain.layout.shapes
+
+
+def test_the_decode_readout_and_throughput_charts_show_the_plan():
+    fig = views.decode_readout_figure(explore.regime_bands())
+    views.draw_decode(fig, {"time_s": 0.02, "predicted_time_s": 0.01, "planned_time_s": 0.0133, "tokens_per_s": 200.0,
+                            "batch": 4, "bytes": 1e9, "cache_share": 0.5, "regime": "mixed", "context_tokens": 10,
+                            "cache_dtype": "fp32", "device": "cpu"})
+    assert list(fig.data[0].x) == ["measured", "roofline", "chapter's plan"] and len(fig.data[1].y) == 3
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("H100-SXM")
+    through = views.throughput_figure(explore.throughput_prediction(model, gpu, [1, 8], 0, "bf16", "bf16"),
+                                      explore.throughput_series([]), "t")
+    assert explore.PLAN_LABEL in [t.name for t in through.data]

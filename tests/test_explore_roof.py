@@ -1,0 +1,80 @@
+"""What the measured-vs-predicted charts show about the roof: the chapter's planning line beside
+it, the tier it is drawn at and where the working set leaves a cache, and each point's fraction."""
+import pytest
+
+from labkit import explore
+from labkit import roofline as r
+from labkit.specs import HardwareSpec, get_gpu, get_model
+
+MIB = 2**20
+LAB_CPU, H100 = get_model("lab-cpu"), get_gpu("H100-SXM")
+# A 2-core VM's measured roof: L2 to a few MiB, L3 to ~64 MiB, then DRAM (issue 13's shape).
+CURVE = ((1 * MIB, 140e9), (2 * MIB, 178e9), (4 * MIB, 107e9), (8 * MIB, 57e9), (16 * MIB, 57e9),
+         (32 * MIB, 50e9), (64 * MIB, 12e9), (128 * MIB, 12e9), (512 * MIB, 11e9), (2048 * MIB, 12e9))
+CPU = HardwareSpec("this machine: a CPU", None, None, None, None, 300e9, 12e9, 24e9, kind="calibrated",
+                   cache_levels=(("L2", 4 * MIB), ("L3", 480 * MIB)), memory_name="DRAM", bandwidth_by_working_set=CURVE)
+
+
+def test_the_planning_line_is_the_chapters_40_and_75_percent():
+    """A memory-bound decode step planned at 75 % of the bandwidth takes 1/0.75 of the roof's time;
+    a compute-bound prefill at 40 % of peak 1/0.40 of it."""
+    decode = explore.decode_prediction(get_model("llama-3.1-8b"), H100, [1, 8], 2000, "bf16", "bf16")
+    assert decode["planned_time_s"][0] == pytest.approx(decode["predicted_time_s"][0] / 0.75)
+    prefill = explore.prefill_prediction(get_model("llama-3.1-8b"), H100, [8192], "bf16")
+    assert prefill["planned_time_s"][0] == pytest.approx(prefill["predicted_time_s"][0] / 0.40)
+    assert decode["tiers"] == [] and decode["roof_tiers"] == []  # a datasheet: one bandwidth, no edges
+    assert "40%" in explore.PLAN_LABEL and "75%" in explore.PLAN_LABEL and "chapter" in explore.PLAN_LABEL
+
+
+def test_a_decode_sweep_marks_where_its_working_set_leaves_the_l3():
+    """lab-cpu at S=1,024 in fp32: weights ~62 MB plus 4 KiB of cache per token per sequence.
+    On this curve the L3's measured edge (~45 MiB) is crossed before batch 1, so the marks lie
+    along the context axis of a tiny-batch sweep instead: check both."""
+    edges = r.tier_edges(CURVE, CPU.cache_levels, "DRAM")
+    contexts = list(range(0, 8193, 256))
+    tiny = get_model("lab-tiny")
+    by_context = explore.context_prediction(tiny, CPU, contexts, 64, "fp32", "fp32")
+    working = by_context["working_set_bytes"]
+    assert working == [r.decode_bytes_per_step(tiny, 64, s, "fp32", "fp32", "matmul") for s in contexts]
+    labels = [m["label"] for m in by_context["tiers"]]
+    assert labels == ["past the L2: L3", "past the L3: DRAM"]
+    for mark, edge in zip(by_context["tiers"], edges):  # each mark where the working set equals the edge
+        i = next(i for i, w in enumerate(working) if w >= edge["bytes"])
+        assert contexts[i - 1] < mark["x"] <= contexts[i]
+        assert "the OS reports a" in mark["detail"] and "GB/s" in mark["detail"]
+    assert by_context["roof_tiers"] == ["L2", "L3", "DRAM"]
+    # each predicted point is the roof of its own working set
+    at = by_context["working_set_bytes"][-1]
+    assert by_context["predicted_time_s"][-1] == pytest.approx(
+        r.predicted_decode_step_s(tiny, 64, 8192, r.roof_at_working_set(CPU, at), "fp32", "fp32"))
+    batches = explore.decode_prediction(LAB_CPU, CPU, [1, 4, 16, 32], 1024, "fp32", "fp32")
+    assert batches["tiers"] == [] and batches["roof_tiers"] == ["DRAM"]  # all past this L3's edge
+
+
+def test_throughput_prediction_carries_the_planning_line_and_tiers():
+    got = explore.throughput_prediction(get_model("lab-tiny"), CPU, [1, 64], 8192, "fp32", "fp32")
+    assert got["planned_tokens_per_s"][0] < got["tokens_per_s"][0]
+    assert [m["label"] for m in got["tiers"]] and got["roof_tiers"][-1] == "DRAM"
+
+
+def test_each_measured_point_reports_its_fraction_of_the_roof_and_the_plan():
+    records = [{"batch": 1, "time_s": 0.004, "predicted_time_s": 0.003, "roof_fraction": 0.75, "bound": "memory",
+                "roof_tier": "L3", "plan_fraction": 0.75, "device_name": "a CPU", "samples": 9, "spread": 0.05},
+               {"batch": 2, "time_s": 0.5, "predicted_time_s": 0.2, "roof_fraction": 0.4, "bound": "compute",
+                "device_name": "a CPU", "samples": 3, "spread": 0.02}]
+    series = explore.measured_series(records, "batch")
+    assert series["roof_fraction"] == [0.75, 0.4]
+    assert "0.75 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in series["label"][0]
+    assert "0.40 of the compute-bound roof (peak FLOP/s; the chapter plans 0.40)" in series["label"][1]
+    assert explore.roof_phrase({"bound": "memory"}) is None  # no fraction measured: nothing claimed
+
+
+def test_the_decode_readout_shows_the_plan_as_a_third_bar_when_measured():
+    rec = {"time_s": 0.02, "predicted_time_s": 0.01, "planned_time_s": 0.0133, "tokens_per_s": 200.0, "batch": 4,
+           "bytes": 1e9, "cache_share": 0.5, "regime": "mixed", "context_tokens": 10, "cache_dtype": "fp32",
+           "device": "cpu"}
+    out = explore.decode_readout(rec)
+    assert out["bars"] == ["measured", "roofline", "chapter's plan"] and out["time_ms"] == pytest.approx([20.0, 10.0, 13.3])
+    assert out["tokens_per_s"][2] == pytest.approx(4 / 0.0133)
+    rec.pop("planned_time_s")
+    assert explore.decode_readout(rec)["bars"] == ["measured", "roofline"]
