@@ -81,7 +81,7 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	$(PY) -m pytest tests
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks"; \
-	  LABKIT_QUICK=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
+	  LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
 	else echo "test: no notebooks yet; skipping pytest --nbval-lax"; fi
 	$(MAKE) gpu-check OUT=build/gpu-check-dry DRY=1
 
@@ -105,7 +105,7 @@ report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") int
 	outs=; \
 	for nb in $(NOTEBOOKS); do \
 	  out=$(REPORT)/$$(basename $$nb); outs="$$outs $$out"; \
-	  PLOTLY_RENDERER=plotly_mimetype $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS); \
+	  LABKIT_AUTO_REVEAL=1 PLOTLY_RENDERER=plotly_mimetype $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS); \
 	done; \
 	$(VENV)/bin/jupyter nbconvert --to labkit.report.ReportExporter --output-dir $(REPORT) $$outs
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import backend, roofline
+from . import backend, measure, roofline
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
 from .specs import BYTES_PER_ELEMENT
@@ -144,3 +144,21 @@ def memory_sweep(tokens: list[int], heads: int, kv_heads: int, head_dim: int, dt
         if progress:
             progress(i + 1, len(grid))
     return points
+
+
+def time_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
+               device: str) -> dict:
+    """Time one attention call ("naive" | "flash") over P = S = `tokens` (full, not causal) with
+    the lab's timing: the confirmed fastest call on a CPU, CUDA events on a GPU. Its footprint is
+    checked first, as `memory_point` does."""
+    predicted = (roofline.naive_attention_footprint_bytes(1, heads, tokens, tokens, "fp32") if method == "naive"
+                 else heads * tokens * head_dim * BYTES_PER_ELEMENT[dtype])
+    backend.check_fits(predicted, device, f"{method} attention at P={tokens:,} ({heads} heads)")
+    q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, device)
+    from kernels.flash_attention import attention_reference  # triton loads on first use
+    run = (lambda: attention_reference(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
+    timing = (measure.time_fn(run, device, 2, 10, 2.0) if device == "cuda"
+              else measure.time_until_stable(run, 2.0, 5.0))
+    return {"method": method, "tokens": tokens, "time_s": timing.estimate_s, "noisy": timing.noisy,
+            "device": device, "device_name": backend.device_name(device), "dtype": dtype, "heads": heads}
+

@@ -149,6 +149,9 @@ def lesson_04() -> dict[str, str]:
             h100, bf16_flops_per_s=r.CHAPTER_MFU * h100.bf16_flops_per_s,
             memory_bandwidth_bytes_per_s=eff * h100.memory_bandwidth_bytes_per_s))),
         "no_ridge_from_tokens": fmt(_first_context_without_ridge(model, h100)),
+        "attention_flops_per_byte": fmt(r.decode_attention_flops(1, model.n_heads, model.head_dim, 8192)
+                                        / r.decode_attention_bytes(1, model.n_heads, model.n_kv_heads, 8192,
+                                                                   model.head_dim)),
         "mixed_low_pct": fmt(100 / 3), "mixed_high_pct": fmt(50), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
     }
 

@@ -91,6 +91,36 @@ def point_notes(point: dict) -> list[str]:
     return [note for note in notes if note]
 
 
+def reveal(question: str, unit: str | None, estimate, formula, measured, device_name: str, why: str,
+           formula_label: str = "the formula, on this machine's calibrated roofline") -> dict:
+    """A committed estimate beside the formula's answer and the measurement, with one line on the
+    gap (`views.Predict` shows it). `unit` None: a choice, compared for equality; else numbers,
+    compared as ratios (within a quarter counts as close)."""
+    def shown(value):
+        return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
+
+    rows = [("your estimate", shown(estimate)), (formula_label, shown(formula)),
+            (f"measured on {device_name}", shown(measured))]
+    if unit is None:
+        verdict = "matches" if estimate == measured else "differs from"
+        agree = "agrees" if formula == measured else f"says {formula}"
+        gap = f"Your pick {verdict} the measurement; the formula {agree}. Why: {why}."
+    else:
+        gap = (f"Your estimate is {_relative(estimate, measured)} the measurement; the formula is "
+               f"{_relative(formula, measured)} it. Why: {why}.")
+    return {"question": question, "rows": rows, "gap": gap}
+
+
+def _relative(value: float, reference: float) -> str:
+    """'within 10 % of', '2.1 times', 'a third of' — how `value` compares with `reference`."""
+    if not value or not reference:
+        return "not comparable with"
+    ratio = value / reference
+    if abs(ratio - 1) <= 0.25:
+        return f"within {abs(ratio - 1):.0%} of"
+    return f"{ratio:.2g} times"
+
+
 def point_summary(point: dict) -> str:
     """One measured point in a line for a status bar: measured beside predicted, the rate,
     how close to the roof, how it was timed, and `point_notes`."""
@@ -397,9 +427,13 @@ def batches_through_ridge(batches: list[int], compute_bound_batch: float | None,
 
 
 def throughput_series(records: list[dict]) -> dict:
-    """Measured decode throughput (batch / median step time) by batch, with each point's device."""
+    """Measured decode throughput (batch / step time) by batch, with each point's device and, for
+    hovering, the bandwidth it achieved: the diagnostic that tells a ridge plateau (achieved
+    bandwidth falls) from a cache plateau (it stays near the roof)."""
     rows = sorted(records, key=lambda rec: rec["batch"])
     return {"batch": [rec["batch"] for rec in rows], "tokens_per_s": [rec["tokens_per_s"] for rec in rows],
+            "hover": [f"{rec['tokens_per_s']:,.0f} tokens/s; achieved {rec['achieved_bytes_per_s'] / 1e9:,.1f} GB/s, "
+                      f"{rec.get('roof_fraction', 0):.2f} of the {rec.get('bound', '?')}-bound roof" for rec in rows],
             "device_name": rows[0].get("device_name", rows[0]["device"]) if rows else "?"}
 
 

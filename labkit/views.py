@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import math
+import os
 import sys
 
 
@@ -171,6 +173,69 @@ class LessonWidget:
                 self.draw(self.result)
             advance(done, len(settings))
         self.widget.children = self.widget.children[:-1]
+
+
+class Predict(LessonWidget):
+    """Predict first: the learner commits an estimate — a number in `unit`, or one of `options` —
+    and only then does `reveal(estimate)` (one labkit call, a `predict.reveal_*` function) compute
+    the formula's answer and measure; the reveal shows the three side by side with one line on the
+    gap. The estimate is locked once committed.
+
+    A run with nobody at the keyboard (LABKIT_AUTO_REVEAL=1: nbval, papermill, `make report`)
+    commits `default`, the estimate recorded in `predict.DEFAULTS`, so every reveal executes."""
+
+    def __init__(self, question: str, reveal, default, unit: str | None = None, options: list | None = None):
+        if options:
+            self.input = widgets.RadioButtons(options=list(options), value=None, layout=widgets.Layout(width="auto"))
+        else:
+            self.input = widgets.Text(placeholder=f"your estimate ({unit})", layout=widgets.Layout(width="220px"))
+        self.unit, self.default = unit, default
+        self.button = widgets.Button(description="Commit, then measure", button_style="primary",
+                                     layout=widgets.Layout(width="auto"))
+        self.answer = widgets.HTML("")
+        super().__init__({}, [], reveal, self.show, busy=None)
+        self.widget = widgets.VBox([widgets.HTML(f"<b>Predict first.</b> {html.escape(question)}"),
+                                    widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
+        self.widget.add_class("labkit-predict")
+        self.button.on_click(lambda _button: self.commit())
+        if os.environ.get("LABKIT_AUTO_REVEAL") == "1":
+            self.input.value = default if options else f"{default:g}"
+            self.commit()
+
+    def estimate(self):
+        """The committed value: the chosen option, or the typed number (LabError-free: ValueError
+        with what was expected, shown as the red line)."""
+        if self.unit is None:
+            if self.input.value is None:
+                raise ValueError("pick one of the options first")
+            return self.input.value
+        text = self.input.value.strip().replace(",", "").rstrip("×x%").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"type a number ({self.unit}), e.g. {self.default:g}; got {self.input.value!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"type a positive number ({self.unit}); got {self.input.value!r}")
+        return value
+
+    def commit(self):
+        """Lock the estimate, measure, reveal. A bad estimate leaves the widget open to try again."""
+        with self.error.guard():
+            estimate = self.estimate()
+            self.input.disabled = self.button.disabled = True
+            self.error.status("measuring on this machine …")
+            self.result = self.compute(estimate)
+            self.draw(self.result)
+            self.error.status("")
+        if self.error.last_error is not None and not self.answer.value:
+            self.input.disabled = self.button.disabled = False
+
+    def show(self, reveal: dict):
+        rows = "".join(f"<tr><td style='padding:2px 12px 2px 0'>{html.escape(name)}</td>"
+                       f"<td style='padding:2px 0'><b>{html.escape(str(value))}</b></td></tr>"
+                       for name, value in reveal["rows"])
+        self.answer.value = (f"<div><em>{html.escape(reveal['question'])}</em><table>{rows}</table>"
+                             f"<p>{html.escape(reveal['gap'])}</p></div>")
 
 
 def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
@@ -558,7 +623,8 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
     fig.add_scatter(x=predicted["batch"], y=predicted["tokens_per_s"], mode="lines", line=PREDICTED,
                     name="predicted (calibrated roofline)")
     fig.add_scatter(x=measured["batch"], y=measured["tokens_per_s"], mode="markers+lines", marker=dict(size=10, **MEASURED),
-                    line=MEASURED, name=f"measured on {measured['device_name']}")
+                    line=MEASURED, name=f"measured on {measured['device_name']}", hovertext=measured.get("hover"),
+                    hoverinfo="text+x")
     ridge = predicted["compute_bound_batch"]
     if ridge is not None and ridge <= max(measured["batch"], default=0):
         fig.add_vline(x=ridge, line=dict(dash="dot", color="#555"),

@@ -254,6 +254,24 @@ def contradictions(notebook: Path, printed: str) -> list[str]:
 RUNS: dict[str, list[dict]] = {}  # notebook stem -> the conclusions of each browser run so far
 
 
+def commit_predictions(page, timeout_s: float) -> list[str]:
+    """Answer every "Predict first" widget as a learner would — type a number, or pick the first
+    option — click its button, and wait for the reveal; return each reveal's text."""
+    reveals = []
+    for box in page.locator(".labkit-predict").all():
+        box.scroll_into_view_if_needed()
+        text_input = box.locator("input[type=text]")
+        if text_input.count():
+            text_input.first.fill("3")
+            text_input.first.press("Tab")  # ipywidgets' Text sends its value on change
+        else:
+            box.locator("input[type=radio]").first.check()
+        box.locator("button").first.click()
+        box.locator("text=your estimate").first.wait_for(timeout=timeout_s * 1000)
+        reveals.append(box.inner_text())
+    return reveals
+
+
 # ------------------------------------------------------------------ the test
 def open_and_run(page, server, notebook: Path):
     open_notebook(page, server, notebook)
@@ -282,6 +300,10 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
         RUNS.setdefault(notebook.stem, []).append(conclusions(notebook, printed))
         assert contradictions(notebook, printed) == [], f"{notebook.name}: printed conclusion against its text"
         assert page.evaluate(CLIPPED_JS) == [], f"{notebook.name}: text a learner cannot read whole"
+        reveals = commit_predictions(page, MOVE_TIMEOUT_S)
+        print(f"{notebook.name}: reveals: {reveals}")
+        for reveal in reveals:  # the estimate, the formula and the measurement, and a line on the gap
+            assert all(word in reveal for word in ("your estimate", "the formula", "measured on", "Why:")), reveal
         # Once plotly's FigureWidget drew a chart with no figure about once in fifteen runs; the
         # lessons' charts (views.LiveFigure) now always carry their whole figure.
         assert empty_charts(page) == [], f"{notebook.name}: plotly charts drawn empty"

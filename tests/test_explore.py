@@ -158,3 +158,13 @@ def test_a_predicted_split_names_the_shapes_that_do_not_fit():
     assert not all(split["fits"]) and split["noisy"] == [not fit for fit in split["fits"]]
     assert all(("does not fit" in title) != fit for title, fit in zip(split["titles"], split["fits"]))
     assert "cannot run" in split["note"] and explore.predicted_split(EIGHT_B, H100, 1)["note"] == ""
+
+
+def test_measured_throughput_carries_the_achieved_bandwidth_for_hovering():
+    records = [{"batch": 4, "tokens_per_s": 400.0, "achieved_bytes_per_s": 2e10, "roof_fraction": 0.8,
+                "bound": "memory", "device": "cpu", "device_name": "a CPU"},
+               {"batch": 1, "tokens_per_s": 150.0, "achieved_bytes_per_s": 1.5e10, "roof_fraction": 0.6,
+                "bound": "memory", "device": "cpu", "device_name": "a CPU"}]
+    series = explore.throughput_series(records)
+    assert series["batch"] == [1, 4] and series["hover"][1] == ("400 tokens/s; achieved 20.0 GB/s, 0.80 of the "
+                                                                 "memory-bound roof")

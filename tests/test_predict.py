@@ -1,0 +1,81 @@
+"""Predict, then measure: the widget that holds the measurement back until an estimate is committed,
+the reveal beside the formula and the measurement, and the lessons' questions."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+from labkit import explore, predict, views  # noqa: E402
+
+
+def fake_reveal(calls):
+    def reveal(estimate):
+        calls.append(estimate)
+        return explore.reveal("a question", "×", estimate, 15.9, 9.7, "a CPU", "a reason")
+    return reveal
+
+
+def test_nothing_is_measured_until_an_estimate_is_committed(monkeypatch):
+    monkeypatch.delenv("LABKIT_AUTO_REVEAL", raising=False)
+    calls = []
+    guess = views.Predict("How many times?", fake_reveal(calls), 8.0, unit="×")
+    assert calls == [] and guess.answer.value == ""
+    guess.input.value = "12x"
+    guess.button.click()
+    assert calls == [12.0] and guess.input.disabled and guess.button.disabled
+    assert "your estimate" in guess.answer.value and "12×" in guess.answer.value and "9.7×" in guess.answer.value
+    assert "a reason" in guess.answer.value
+
+
+@pytest.mark.parametrize("typed", ["", "many", "-3", "nan"])
+def test_a_bad_estimate_says_what_to_type_and_leaves_the_widget_open(monkeypatch, typed):
+    monkeypatch.delenv("LABKIT_AUTO_REVEAL", raising=False)
+    calls = []
+    guess = views.Predict("How many times?", fake_reveal(calls), 8.0, unit="×")
+    guess.input.value = typed
+    guess.button.click()
+    assert calls == [] and "⚠" in guess.error.widget.value and not guess.button.disabled
+
+
+def test_a_choice_must_be_picked_before_it_is_committed(monkeypatch):
+    monkeypatch.delenv("LABKIT_AUTO_REVEAL", raising=False)
+    calls = []
+    guess = views.Predict("Which?", lambda e: calls.append(e) or explore.reveal("q", None, e, "b", "b", "x", "y"),
+                          "a", options=["a", "b"])
+    guess.button.click()
+    assert calls == [] and "pick one" in guess.error.widget.value
+    guess.input.value = "b"
+    guess.button.click()
+    assert calls == ["b"] and "matches the measurement" in guess.answer.value
+
+
+def test_a_run_without_a_person_commits_the_recorded_default(monkeypatch):
+    monkeypatch.setenv("LABKIT_AUTO_REVEAL", "1")
+    calls = []
+    guess = views.Predict("How many times?", fake_reveal(calls), 8.0, unit="×")
+    assert calls == [8.0] and "your estimate" in guess.answer.value
+
+
+def test_the_reveal_line_compares_each_answer_with_the_measurement():
+    out = explore.reveal("q", "×", 8.0, 15.9, 9.7, "a CPU", "why")
+    assert out["rows"][0] == ("your estimate", "8×") and out["rows"][2] == ("measured on a CPU", "9.7×")
+    assert "within 18% of the measurement" in out["gap"] and "1.6 times it" in out["gap"]
+    assert explore.reveal("q", "ms", 100.0, 90.0, 100.0, "x", "y")["rows"][0] == ("your estimate", "100 ms")
+
+
+def test_every_lesson_question_has_a_default_and_a_reveal():
+    for name in predict.DEFAULTS:
+        assert name in predict._ASK
+    with pytest.raises(Exception, match="unknown prediction"):
+        predict.ask("nonsense")
+    asked = predict.ask("decode_heaviest", serve=lambda: [], titles=[])
+    assert asked["unit"] is None and asked["default"] in asked["options"] and "decode" in asked["question"]
+
+
+@pytest.mark.slow
+def test_a_real_reveal_measures_this_machine():
+    asked = predict.ask("context_slowdown", device="cpu")
+    out = asked["reveal"](2.0)
+    assert [name for name, _ in out["rows"]][:2] == ["your estimate", "the formula, on this machine's calibrated roofline"]
+    measured = float(out["rows"][2][1].rstrip("×").replace(",", ""))
+    assert measured > 1.0  # a long cache makes every step read more
