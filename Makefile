@@ -16,7 +16,7 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 # A token for lab/app: the caller's JUPYTER_TOKEN, else a fresh random one (never empty).
 TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))')}"
 
-.PHONY: help venv browser lab test gpu-check report app strip clean
+.PHONY: help venv browser lab test gpu-check bench report app strip clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-10s %s\n", $$1, $$2}'
@@ -94,6 +94,12 @@ gpu-check: ## Check this machine's GPU against the lab into OUT (default build/g
 	$(if $(filter 1,$(DRY)),export LABKIT_CACHE_DIR="$(CURDIR)/build/test-cache/gpu-check-dry";) \
 	echo "$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)"; \
 	$$py -m labkit.gpu_check --out $(OUT) $(if $(filter 1,$(DRY)),--dry-run)
+
+# A benchmark, not a test: real timings of issue 13's tables (decode B = 1, 4, 16, 32 at S = 1,024; each
+# cache dtype at B = 16, S = 4,096; prefill P = 1,024, 2,048, 4,096), each bracketed by bandwidth readings at
+# its working set, after a fresh calibration. Run it on an idle machine; it never overwrites a recording.
+bench: venv ## Measure issue 13's decode and prefill tables into data/recordings/bench-<device>.json (a few minutes)
+	$(PY) -m labkit bench --out data/recordings
 
 # Kernels start in notebooks/ (--cwd), as they do under JupyterLab and nbval. PLOTLY_RENDERER: charts as
 # plotly JSON alone, whatever the terminal; labkit.report.ReportExporter draws them (plotly.js inlined

@@ -2,7 +2,7 @@
 
     python -m labkit predict prefill --model llama-3.1-8b --gpu H100-SXM --prompt 2000 --json
     python -m labkit predict decode --gpu H200 --context 8192 --batch 64 --cache-dtype fp8
-    python -m labkit gpus | models | calibrate [--refresh] | measure prefill|decode
+    python -m labkit gpus | models | calibrate [--refresh] | measure prefill|decode [--bracket] | bench
 
 Every number comes from `labkit.roofline` (predict), `labkit.calibrate` or `labkit.sweeps`
 (measure); this module only parses, validates and prints: rates and times as labkit.units writes
@@ -212,6 +212,14 @@ def run_measure(args) -> dict:
     return point
 
 
+def run_bench(args) -> dict:
+    """`make bench`: issue 13's tables, each point bracketed, written as one recording (labkit.bench)."""
+    from . import bench  # the model, torch and the calibration: only `bench` needs them
+    path, payload = bench.run_bench(args.device, args.out or bench.DEFAULT_OUT, args.model, log=_stderr)
+    return {"recording": str(path), "device": payload["device"], "model": payload["model"],
+            "tables": payload["tables"], "ratios": payload["ratios"], "load_average": payload["load_average"]}
+
+
 def _stderr(message: str):
     print(message, file=sys.stderr)
 
@@ -287,6 +295,16 @@ def _print_human(command: str, result: dict):
         _print_rows(result["models"], ["name", "params", "n_layers", "hidden_size", "n_heads", "n_kv_heads",
                                        "max_context", "weight_bf16_bytes", "kv_bf16_bytes_per_token"])
         print("sources:\n  " + "\n  ".join(f"{r['name']}: {r['source']}" for r in result["models"]))
+    elif command == "bench":
+        columns = ("point", "time_s", "predicted_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
+                   "roof_tier", "skipped")
+        for name, rows in result["tables"].items():
+            print(f"{name}:")
+            shown = [c for c in columns if any(c in r for r in rows)]
+            _print_rows([{c: r.get(c) for c in shown} for r in rows], shown)
+        for name, ratio in result["ratios"].items():
+            print(f"{name.replace('_', ' ')}: measured {ratio['measured']:.2f}, predicted {ratio['predicted']:.2f}")
+        print(f"recording: {result['recording']}")
     else:
         _print_pairs(result)
 
@@ -316,6 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
     measure.add_argument("phase", choices=("prefill", "decode"))
     _add_measure_options(measure)
     measure.set_defaults(handler=run_measure)
+    bench = commands.add_parser("bench", help="issue 13's tables measured with the bracket, into one recording")
+    bench.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA if present (or LABKIT_DEVICE)")
+    bench.add_argument("--model", help="default: lab-cpu on the CPU, llama-3.1-8b on CUDA")
+    bench.add_argument("--out", help="folder for the recording (default: data/recordings); never overwrites")
+    bench.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    bench.set_defaults(handler=run_bench)
     return parser
 
 

@@ -34,3 +34,9 @@ def test_the_timing_figures_are_labkit_s():
     assert f"within {timing.CONFIRM_TOLERANCE:.0%}".replace("%", " %") in README
     assert f"in about {sweeps.CPU_BUDGET_S:.0f} s and at most {sweeps.CPU_MAX_BUDGET_S:.0f} s" in README
     assert f"for about {sweeps.CPU_BUDGET_S:.0f} s (up to {sweeps.CPU_MAX_BUDGET_S:.0f} s while the machine is busy)" in README
+
+
+def test_the_calibration_figures_are_labkit_s():
+    from labkit import calibrate
+    assert (f"from {calibrate.SMALLEST_WORKING_SET // 2**20} MiB to\n{calibrate.WORKING_SET_FACTOR}× the last-level cache"
+            in README)

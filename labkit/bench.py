@@ -1,0 +1,145 @@
+"""`make bench`: issue 13's tables measured for real, each point bracketed, as one recording.
+
+    python -m labkit bench                      # data/recordings/bench-cpu.json (-2, -3 ... if taken)
+    python -m labkit bench --out DIR --json
+
+A benchmark, not a timed test: nothing here passes or fails on speed. It calibrates afresh
+(`calibrate.load_or_calibrate(refresh=True)`: the roofs of this moment, the bandwidth by working
+set included), then measures on the lab's model for this device (`sizes.lab_settings`):
+
+    decode_batch   decode B = 1, 4, 16, 32 at S = 1,024, the lab's cache dtype
+    cache_dtype    decode B = 16, S = 4,096, each cache dtype the device offers
+    prefill        prefill P = 1,024, 2,048, 4,096
+
+each with `sweeps.bracketed` (the bandwidth read just before and after, at the point's working
+set), and writes every point, the calibration it was judged by, the machine's load average and
+the provenance (`recordings.write_recording`, never overwriting). `ratios` puts the measured
+gains beside the roofline's: tokens/s at B = 16 over B = 1, and each cache dtype's step time
+over fp32's (the issue's targets for a CPU decode step that batches and a cache dtype lever
+that works).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from . import backend, calibrate, sizes, sweeps
+from .errors import LabError
+from .recordings import write_recording
+from .specs import get_model
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "data" / "recordings"
+DECODE_BATCHES, DECODE_CONTEXT = (1, 4, 16, 32), 1024
+DTYPE_BATCH, DTYPE_CONTEXT = 16, 4096
+PREFILL_PROMPTS = (1024, 2048, 4096)
+CACHE_DTYPES = {"cpu": ("fp32", "bf16", "fp8", "int8"), "cuda": ("bf16", "fp8", "int8")}
+
+
+def bench_steps(device: str, cache_dtype: str) -> list[dict]:
+    """The points of the three tables, in order: table, phase and the measurement's arguments."""
+    steps = [{"table": "decode_batch", "phase": "decode", "batch": b, "context_tokens": DECODE_CONTEXT,
+              "cache_dtype": cache_dtype} for b in DECODE_BATCHES]
+    steps += [{"table": "cache_dtype", "phase": "decode", "batch": DTYPE_BATCH, "context_tokens": DTYPE_CONTEXT,
+               "cache_dtype": d} for d in CACHE_DTYPES[device]]
+    steps += [{"table": "prefill", "phase": "prefill", "prompt_tokens": p} for p in PREFILL_PROMPTS]
+    return steps
+
+
+def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: str | None = None,
+              steps: list[dict] | None = None, log=None) -> tuple[Path, dict]:
+    """Calibrate, measure every step bracketed, write one recording; (its path, its payload)."""
+    log = log or (lambda line: None)
+    here = backend.choose_device(device)
+    settings = sizes.lab_settings(here.device)
+    spec = get_model(model or settings["model"])
+    steps = steps if steps is not None else bench_steps(here.device, settings["cache_dtype"])
+    load_before = _load_average()
+    hardware, info = calibrate.load_or_calibrate(here.device, refresh=True, log=log)
+    log(calibrate.describe(hardware, info))
+    points = []
+    for i, step in enumerate(steps, start=1):
+        points.append(_measure(spec, here.device, step))
+        log(f"[{i}/{len(steps)}] {row(points[-1])['point']}: {_line(row(points[-1]))}")
+    payload = {"phase": "bench", "device": here.device, "model": spec.name, "compute_dtype": here.compute_dtype,
+               "issue": 13, "calibration": _calibration_summary(hardware, info),
+               "load_average": {"before": load_before, "after": _load_average()},
+               "tables": {t: [row(p) for p in points if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
+               "ratios": ratios(points), "points": points}
+    path = write_recording(out, f"bench-{here.device}", payload)
+    log(f"labkit: bench recording written to {path}")
+    return path, payload
+
+
+def _measure(spec, device: str, step: dict) -> dict:
+    """One step, bracketed at its working set; a step the device refuses is kept, with why."""
+    args = {k: v for k, v in step.items() if k not in ("table", "phase")}
+    try:
+        if step["phase"] == "decode":
+            working_set = sweeps.decode_working_set_bytes(spec, device=device, **args)
+            point = sweeps.bracketed(lambda: sweeps.measure_decode(spec, device=device, **args), device, working_set)
+        else:
+            working_set = sweeps.prefill_working_set_bytes(spec, device=device, **args)
+            point = sweeps.bracketed(lambda: sweeps.measure_prefill(spec, device=device, **args), device, working_set)
+    except LabError as err:
+        return {**step, "skipped": str(err)}
+    return {"table": step["table"], **point}
+
+
+def row(point: dict) -> dict:
+    """One point as a table row: the issue's columns (measured, predicted, bracketed roof
+    fraction) with the tokens/s, the tier and the planning line beside them."""
+    shape = (f"decode B={point['batch']}, S={point['context_tokens']:,}, cache {point['cache_dtype']}"
+             if point["phase"] == "decode" else f"prefill P={point['prompt_tokens']:,}")
+    if "skipped" in point:
+        return {"point": shape, "skipped": point["skipped"]}
+    keys = ("time_s", "predicted_time_s", "planned_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
+            "bound", "roof_tier", "roof_bandwidth_bytes_per_s", "working_set_bytes", "noisy", "kernels")
+    return {"point": shape, **{k: point.get(k) for k in keys}}
+
+
+def ratios(points: list[dict]) -> dict:
+    """Measured against predicted: tokens/s at B = 16 over B = 1 (S = 1,024), and each cache
+    dtype's step time over fp32's (B = 16, S = 4,096); None where a point is missing."""
+    timed = [p for p in points if "time_s" in p]
+    by_batch = {p["batch"]: p for p in timed if p["table"] == "decode_batch"}
+    by_dtype = {p["cache_dtype"]: p for p in timed if p["table"] == "cache_dtype"}
+    result = {}
+    if 1 in by_batch and 16 in by_batch:
+        one, sixteen = by_batch[1], by_batch[16]
+        result["tokens_per_s_b16_over_b1"] = {
+            "measured": sixteen["tokens_per_s"] / one["tokens_per_s"],
+            "predicted": (16 / sixteen["predicted_time_s"]) / (1 / one["predicted_time_s"])}
+    base = by_dtype.get("fp32")
+    for dtype, point in by_dtype.items():
+        if base is not None and dtype != "fp32":
+            result[f"step_{dtype}_over_fp32"] = {"measured": point["time_s"] / base["time_s"],
+                                                 "predicted": point["predicted_time_s"] / base["predicted_time_s"]}
+    return result
+
+
+def _calibration_summary(hardware, info: dict) -> dict:
+    """What the points were judged by, without the raw samples (they stay in the calibration cache)."""
+    curve = [{"bytes": p["bytes"], "bytes_per_s": p["bytes_per_s"], "best": p["best"], "noisy": p["noisy"],
+              **{f"{name}_bytes_per_s": t["bytes_per_s"] for name, t in p["tests"].items()}}
+             for p in info.get("bandwidth_by_working_set", [])]
+    spec = {k: v for k, v in dataclasses.asdict(hardware).items() if k != "bandwidth_by_working_set"}
+    keep = ("date", "cache_status", "cache_file", "noisy", "tier_edges", "caches", "caches_source", "cpu_identity",
+            "elapsed_s", "threads")
+    return {"spec": spec, "bandwidth_by_working_set": curve, **{k: info.get(k) for k in keep}}
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):  # not on every OS
+        return None
+
+
+def _line(r: dict) -> str:
+    if "skipped" in r:
+        return f"skipped: {r['skipped']}"
+    bracketed = r["bracketed_roof_fraction"]
+    return (f"{r['time_s'] * 1e3:,.1f} ms ({r['tokens_per_s']:,.0f} tok/s), predicted {r['predicted_time_s'] * 1e3:,.1f} ms, "
+            f"{r['roof_fraction']:.2f} of the {r['bound']}-bound roof ({r['roof_tier']})"
+            + (f", {bracketed:.2f} bracketed" if bracketed is not None else "") + (" (noisy)" if r["noisy"] else ""))

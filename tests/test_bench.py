@@ -1,0 +1,82 @@
+"""`make bench` / `python -m labkit bench`: issue 13's tables, each point bracketed, written as one
+recording with provenance that never overwrites. Run here on lab-tiny with a tiny calibration:
+what is checked is the recording, not any speed."""
+import json
+
+import pytest
+
+from labkit import bench, calibrate, cli, sweeps
+from labkit.calibrate import Plan
+from labkit.recordings import load_recordings
+
+TINY = Plan(4 * 2**20, {"fp32": (64,), "bf16": (32,), "fp16": (32,)}, warmup=1, repeats=3, budget_s=0.05)
+STEPS = [{"table": "decode_batch", "phase": "decode", "batch": b, "context_tokens": 64, "cache_dtype": "fp32"}
+         for b in (1, 16)]
+STEPS += [{"table": "cache_dtype", "phase": "decode", "batch": 2, "context_tokens": 64, "cache_dtype": d}
+          for d in ("fp32", "int8")]
+STEPS += [{"table": "prefill", "phase": "prefill", "prompt_tokens": 32}]
+
+
+@pytest.fixture(autouse=True)
+def small(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(calibrate.PLANS, "cpu", TINY)
+    monkeypatch.setattr(calibrate, "_UNCACHED", {})
+    monkeypatch.setattr(sweeps, "CPU_BUDGET_S", 0.1)
+    monkeypatch.setattr(sweeps, "CPU_MAX_BUDGET_S", 0.3)
+
+
+def test_the_steps_are_the_issues_tables():
+    steps = bench.bench_steps("cpu", "fp32")
+    decode = [(s["batch"], s["context_tokens"]) for s in steps if s["table"] == "decode_batch"]
+    assert decode == [(1, 1024), (4, 1024), (16, 1024), (32, 1024)]
+    dtypes = [(s["cache_dtype"], s["batch"], s["context_tokens"]) for s in steps if s["table"] == "cache_dtype"]
+    assert dtypes == [(d, 16, 4096) for d in ("fp32", "bf16", "fp8", "int8")]
+    assert [s["prompt_tokens"] for s in steps if s["table"] == "prefill"] == [1024, 2048, 4096]
+
+
+def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
+    lines = []
+    path, payload = bench.run_bench("cpu", tmp_path / "rec", "lab-tiny", STEPS, log=lines.append)
+    assert path == tmp_path / "rec" / "bench-cpu.json"
+    saved = json.loads(path.read_text())
+    assert saved["phase"] == "bench" and saved["model"] == "lab-tiny" and saved["device"] == "cpu"
+    for key in ("device_name", "torch", "date", "command", "git_commit", "threads"):
+        assert key in saved["provenance"], key
+    assert [len(saved["tables"][t]) for t in ("decode_batch", "cache_dtype", "prefill")] == [2, 2, 1]
+    for point in saved["points"]:  # every point bracketed at its working set, with its roof and plan
+        for key in ("bandwidth_before_bytes_per_s", "bracketed_roof_fraction", "working_set_bytes",
+                    "roof_bandwidth_bytes_per_s", "roof_tier", "planned_time_s", "roof_fraction"):
+            assert key in point, key
+    first = saved["tables"]["decode_batch"][0]
+    assert first["point"] == "decode B=1, S=64, cache fp32" and first["time_s"] > 0
+    assert set(saved["ratios"]) == {"tokens_per_s_b16_over_b1", "step_int8_over_fp32"}
+    gain = saved["ratios"]["tokens_per_s_b16_over_b1"]
+    b1, b16 = saved["tables"]["decode_batch"]
+    assert gain["measured"] == pytest.approx(b16["tokens_per_s"] / b1["tokens_per_s"])
+    assert gain["predicted"] == pytest.approx(16 * b1["predicted_time_s"] / b16["predicted_time_s"])
+    calibration = saved["calibration"]
+    assert calibration["cache_status"].startswith("measured (refresh asked for)")
+    assert len(calibration["bandwidth_by_working_set"]) >= 6 and "samples_s" not in json.dumps(calibration)
+    assert any("bench recording written" in line for line in lines)
+    again, _ = bench.run_bench("cpu", tmp_path / "rec", "lab-tiny", STEPS[:1])
+    assert again.name == "bench-cpu-2.json" and json.loads(path.read_text()) == saved
+    assert len(load_recordings(tmp_path / "rec", phase="bench")) == 2
+    assert load_recordings(tmp_path / "rec", phase="decode") == []  # kept out of the lessons' recorded series
+
+
+def test_a_step_the_device_refuses_is_kept_with_why(tmp_path):
+    too_long = [{"table": "prefill", "phase": "prefill", "prompt_tokens": 10**6}]
+    _, payload = bench.run_bench("cpu", tmp_path, "lab-tiny", too_long)
+    assert "prompt_tokens must be an integer in 1..4,096" in payload["tables"]["prefill"][0]["skipped"]
+
+
+def test_the_command_prints_the_tables_and_the_recording(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(bench, "bench_steps", lambda device, cache_dtype: STEPS[:2] + STEPS[-1:])
+    assert cli.main(["bench", "--device", "cpu", "--model", "lab-tiny", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "decode_batch:" in out and "prefill:" in out and "tokens per s b16 over b1: measured" in out
+    assert out.strip().endswith(f"recording: {tmp_path / 'bench-cpu.json'}")
+    assert cli.main(["bench", "--device", "cpu", "--model", "lab-tiny", "--out", str(tmp_path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["recording"].endswith("bench-cpu-2.json") and got["tables"]["prefill"][0]["point"] == "prefill P=32"
