@@ -81,13 +81,17 @@ def above_roof_note(fraction: float) -> str | None:
 
 
 HOST_BOUND_NOTE = "host-bound: the GPU waited for Python to launch its work; this time measures the host, not the GPU"
+L2_RESIDENT_NOTE = ("L2-resident: this working set is under twice the GPU's L2, so back-to-back calls may read it "
+                    "from the L2, not HBM; left out of the conclusions")
 
 
 def point_notes(point: dict) -> list[str]:
     """What a reader of one measured point should know beyond its numbers: that it beat its
-    roof (`above_roof_note`), or that its GPU waited on the host (`host_bound`)."""
+    roof (`above_roof_note`), that its GPU waited on the host (`host_bound`), or that its
+    working set could stay in a GPU's L2 between calls (`l2_resident`)."""
     notes = [above_roof_note(point.get("roof_fraction", 0.0)),
-             HOST_BOUND_NOTE if point.get("host_bound") else None]
+             HOST_BOUND_NOTE if point.get("host_bound") else None,
+             L2_RESIDENT_NOTE if point.get("l2_resident") else None]
     return [note for note in notes if note]
 
 
@@ -295,9 +299,11 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
     (`predicted` from `prefill_split_prediction`, which must contain both x values).
 
     Noisy points are left out (`left_out` counts them): a conclusion drawn from a time that a
-    busy machine inflated would teach the opposite of the lesson. With fewer than two clean
+    busy machine inflated would teach the opposite of the lesson; so are GPU points whose working
+    set could stay in the L2 (`l2_resident`). With fewer than two clean
     points of different x, the ratios are None."""
-    clean = sorted((rec for rec in records if not rec.get("noisy")), key=lambda rec: rec[x_key])
+    clean = sorted((rec for rec in records if not rec.get("noisy") and not rec.get("l2_resident")),
+                   key=lambda rec: rec[x_key])
     result = {"left_out": len(records) - len(clean), "device_name": None, "from": None, "to": None,
               "x_ratio": None, "measured_ratio": None, "predicted_ratio": None, "linear_only_ratio": None}
     if len(clean) < 2 or clean[0][x_key] == clean[-1][x_key]:

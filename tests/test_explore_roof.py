@@ -78,3 +78,16 @@ def test_the_decode_readout_shows_the_plan_as_a_third_bar_when_measured():
     assert out["tokens_per_s"][2] == pytest.approx(4 / 0.0133)
     rec.pop("planned_time_s")
     assert explore.decode_readout(rec)["bars"] == ["measured", "roofline"]
+
+
+def test_a_gpu_point_that_may_read_from_l2_says_so_and_stays_out_of_conclusions():
+    """On a GPU a working set under 2x the L2 (roofline.l2_resident) may be served from the L2
+    between back-to-back calls: the point says so and `growth` leaves it out."""
+    assert explore.L2_RESIDENT_NOTE in explore.point_notes({"l2_resident": True})
+    assert explore.point_notes({"l2_resident": False}) == []
+    predicted = {"prompt_tokens": [100, 200, 400], "predicted_time_s": [1.0, 2.0, 4.0], "linear_only_s": [1.0, 2.0, 4.0]}
+    records = [{"prompt_tokens": 100, "time_s": 1.0, "device": "cuda", "l2_resident": True},
+               {"prompt_tokens": 200, "time_s": 2.0, "device": "cuda", "l2_resident": False},
+               {"prompt_tokens": 400, "time_s": 4.0, "device": "cuda", "l2_resident": False}]
+    g = explore.growth(records, "prompt_tokens", predicted)
+    assert g["left_out"] == 1 and g["from"] == 200
