@@ -79,6 +79,7 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	  $(VENV)/bin/nbstripout --verify $(NOTEBOOKS) || { echo "test: notebooks are not stripped (outputs or metadata); run 'make strip'" >&2; exit 1; }; \
 	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
 	$(PY) -m pytest tests
+	$(MAKE) gpu-compile TARGETS=sm_90a
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks"; \
 	  LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
@@ -100,6 +101,21 @@ gpu-check: ## Check this machine's GPU against the lab into OUT (default build/g
 # its working set, after a fresh calibration. Run it on an idle machine; it never overwrites a recording.
 bench: venv ## Measure issue 13's decode and prefill tables into data/recordings/bench-<device>.json (a few minutes)
 	$(PY) -m labkit bench --out data/recordings
+
+# No GPU needed: triton's wheel ships ptxas. TRITON=3.6: against triton 3.6 (the GPU image's) in a
+# side venv with the pinned CPU torch and numpy<2.4 (what triton 3.6's interpreter needs), made once.
+gpu-compile: venv ## Compile every kernel for sm_75/80/89/90a without a GPU (TARGETS=sm_90a: some; TRITON=3.6: that triton)
+	@set -e; py=$(PY); \
+	if [ -n "$(TRITON)" ]; then \
+	  py=$(TRITON_VENV)/bin/python; \
+	  if ! $$py -c 'import torch, triton' >/dev/null 2>&1; then \
+	    echo "gpu-compile: making $(TRITON_VENV) with triton $(TRITON)"; \
+	    python3 -m venv $(TRITON_VENV); \
+	    $$py -m pip install -q --progress-bar off "triton==$(TRITON).*" "numpy<2.4" "$$(grep '^torch==' requirements.txt)"; \
+	  fi; \
+	fi; \
+	echo "$$py -m labkit.gpu_compile $(if $(TARGETS),--targets $(TARGETS))"; \
+	$$py -m labkit.gpu_compile $(if $(TARGETS),--targets $(TARGETS))
 
 # Kernels start in notebooks/ (--cwd), as they do under JupyterLab and nbval. PLOTLY_RENDERER: charts as
 # plotly JSON alone, whatever the terminal; labkit.report.ReportExporter draws them (plotly.js inlined

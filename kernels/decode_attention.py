@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import check_runnable
+from ._runtime import (INTERPRETED, capability, check_dtype_supported, check_runnable, shared_bytes_per_block,
+                       sm_count)
 from .kv_quant import dequantize_kv
 
 # Pseudocode, split kernel, one program per ((b, kv head), split):
@@ -36,7 +37,7 @@ from .kv_quant import dequantize_kv
 KV_QUANT_NONE, KV_QUANT_PER_TOKEN, KV_QUANT_PER_TENSOR = 0, 1, 2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])  # one compiled variant for every split count
 def _decode_split_kernel(
     q_ptr,  # [B, H, D] queries, any strides
     k_ptr, v_ptr,  # [B, Hkv, S_max, D] caches (bf16/fp16/fp32/fp8 e4m3/int8), any strides
@@ -50,10 +51,10 @@ def _decode_split_kernel(
     stride_kb, stride_kh, stride_ks, stride_kd,  # element strides of k_cache
     stride_vb, stride_vh, stride_vs, stride_vd,  # element strides of v_cache
     stride_sb, stride_sh, stride_ss,  # element strides of the int8 scales (k and v alike)
+    NUM_SPLITS,  # slices of the context, one per program along axis 1
     KV_QUANT: tl.constexpr,  # 0 none, 1 per-token (int8), 2 per-tensor (fp8)
     DOT_FP32: tl.constexpr,  # True: dots in fp32 (fp32 q, or q and cache dtypes differ)
     INPUT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 dots, else the default "tf32"
-    NUM_SPLITS: tl.constexpr,  # slices of the context, one per program along axis 1
     HEAD_DIM: tl.constexpr,  # D
     BLOCK_H: tl.constexpr,  # GROUP padded to a power of two >= 16 (tl.dot minimum)
     BLOCK_N: tl.constexpr,  # keys per inner-loop step
@@ -117,14 +118,14 @@ def _decode_split_kernel(
     tl.store(acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=h_mask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_combine_kernel(
     m_ptr, l_ptr,  # [B * H, NUM_SPLITS] fp32 partial max and sum (contiguous)
     acc_ptr,  # [B * H, NUM_SPLITS, D] fp32 partial outputs (contiguous)
     o_ptr,  # [B, H, D] output, contiguous, dtype of q
-    NUM_SPLITS: tl.constexpr,  # splits written by the first kernel
+    NUM_SPLITS,  # splits written by the first kernel
     HEAD_DIM: tl.constexpr,  # D
-    BLOCK_S: tl.constexpr,  # NUM_SPLITS padded to a power of two
+    BLOCK_S: tl.constexpr,  # a COMBINE_BLOCKS entry >= NUM_SPLITS
 ):
     bh = tl.program_id(0)  # one (batch, query head) per program
     offs_s = tl.arange(0, BLOCK_S)
@@ -142,11 +143,75 @@ def _decode_combine_kernel(
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8)
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8",
+          torch.int8: "int8"}
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1}
 MAX_SPLITS = 64  # the combine kernel holds all splits of one head in registers
+COMBINE_BLOCKS = (16, MAX_SPLITS)  # its BLOCK_S: two compiled variants, not one per split count
+# Split-kernel tiles on CUDA, (BLOCK_N, num_stages), best first: the first whose buffers fit the
+# GPU's shared memory is used (an fp32 cache at D = 256 needed 276 KiB at (64, 3); H100 has 227).
+# Sized by make gpu-compile's register report: fp32 dots (an fp32 cache) take half-width tiles,
+# and an int8/fp8 cache's upcast tiles take 8 warps, or they spill on sm_90a.
+SPLIT_TILES = ((64, 3), (64, 2), (32, 2), (16, 2))
+SPLIT_TILES_FP32_DOT = ((32, 2), (16, 2))
+INTERPRETER_SPLIT_TILE = (16, 1)  # interpreter: small tiles keep the tests quick
+
+
+def split_shared_bytes(block_n: int, stages: int, head_dim: int, cache_bytes: int, dot_bytes: int) -> int:
+    """K and V tiles per pipeline stage in the cache's bytes, and both once more in the dot's
+    dtype (the upcast copies the tensor cores read)."""
+    return 2 * block_n * head_dim * (stages * cache_bytes + dot_bytes)
+
+
+def compiled_refusal(q_dtype: str, cache_dtype: str) -> str | None:
+    """Why the compiled kernel does not take this pair of dtypes (lab names), or None. An fp32 dot
+    over a cache converted on the fly (fp16 q over a bf16 cache, fp32 q over a 16- or 8-bit one)
+    spills registers at every tile (make gpu-compile); the lab stores its cache in q's dtype, in
+    fp32, or as int8/fp8 under a 16-bit q. The interpreter takes every pair (the tests use them)."""
+    if q_dtype == "fp32" and cache_dtype != "fp32":
+        return f"an fp32 q needs an fp32 cache on a GPU; got a {cache_dtype} cache"
+    if q_dtype != cache_dtype and cache_dtype in ("bf16", "fp16"):
+        return f"a {q_dtype} q over a {cache_dtype} cache; store the cache as {q_dtype}, fp32, int8 or fp8"
+    return None
+
+
+def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, shared_limit: int | None,
+                     interpreted: bool = False, capability: tuple | None = None) -> dict | None:
+    """The split kernel's constexprs, warps and stages for these dtypes (lab names), or None when
+    compiled kernels do not take the pair (`compiled_refusal`) or no tile fits `shared_limit`
+    bytes (None: no limit)."""
+    kv_quant = {"int8": KV_QUANT_PER_TOKEN, "fp8": KV_QUANT_PER_TENSOR}.get(cache_dtype, KV_QUANT_NONE)
+    # Dot in q's dtype when the cache converts exactly (same dtype, int8, fp8); else in fp32.
+    dot_fp32 = q_dtype == "fp32" or not (cache_dtype == q_dtype or kv_quant)
+    dot_bytes = 4 if dot_fp32 else _BYTES[q_dtype]
+    if interpreted:
+        tiles = [INTERPRETER_SPLIT_TILE]
+    elif compiled_refusal(q_dtype, cache_dtype):
+        return None
+    else:
+        # D = 16 (lab-tiny) and Turing (stages in registers) keep to 32-key tiles: wider ones spill.
+        narrow = head_dim <= 16 or (capability is not None and tuple(capability) < (8, 0))
+        tiles = [t for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES) if (shared_limit is None
+                 or split_shared_bytes(*t, head_dim, _BYTES[cache_dtype], dot_bytes) <= shared_limit)
+                 and not (narrow and t[0] > 32)]
+    if not tiles:
+        return None
+    block_n, stages = tiles[0]
+    return {"constexprs": {"KV_QUANT": kv_quant, "DOT_FP32": dot_fp32,
+                           "INPUT_PRECISION": "ieee" if dot_fp32 else "tf32", "HEAD_DIM": head_dim,
+                           "BLOCK_H": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n},
+            "num_warps": 8 if (kv_quant or dot_fp32) and head_dim > 16 and not interpreted else 4,
+            "num_stages": stages}
+
+
+def combine_block(num_splits: int) -> int:
+    """The combine kernel's BLOCK_S: the smallest COMBINE_BLOCKS entry that holds num_splits."""
+    return next(b for b in COMBINE_BLOCKS if b >= num_splits)
 
 
 def _block_n(device: torch.device) -> int:
-    return 64 if device.type == "cuda" else 16  # interpreter: small tiles keep the tests quick
+    """Keys per tile for sizing the splits: the widest CUDA tile, or the interpreter's."""
+    return SPLIT_TILES[0][0] if device.type == "cuda" else INTERPRETER_SPLIT_TILE[0]
 
 
 def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device) -> int:
@@ -157,10 +222,7 @@ def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device) -> int
     device-to-host sync on every decode step. Splits past a short sequence's end exit at once.
     """
     device = torch.device(device)
-    if device.type == "cuda":
-        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count  # 264 on H100
-    else:
-        target = 8
+    target = 2 * sm_count(device)  # 264 on an H100; 8 in the interpreter
     splits = triton.cdiv(target, max(1, batch * num_kv_heads))
     max_useful = triton.cdiv(s_max, 4 * _block_n(device))
     return max(1, min(splits, max_useful, MAX_SPLITS))
@@ -216,6 +278,7 @@ def _check_inputs(q, k_cache, v_cache, lengths, k_scale, v_scale, check_lengths=
         raise ValueError(f"decode_attention: lengths must lie in [1, S_max={S_max}]; got min "
                          f"{int(lengths.min())}, max {int(lengths.max())}")
     check_runnable(q, "decode_attention")
+    check_dtype_supported(k_cache, "decode_attention")  # an fp8 cache before sm_89: refused here
 
 
 def decode_attention(q, k_cache, v_cache, lengths, k_scale=None, v_scale=None, num_splits=None,
@@ -237,31 +300,33 @@ def decode_attention(q, k_cache, v_cache, lengths, k_scale=None, v_scale=None, n
     if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"decode_attention: num_splits must be an int in [1, {MAX_SPLITS}]; "
                          f"got {num_splits!r}")
-    quant = {torch.int8: KV_QUANT_PER_TOKEN, torch.float8_e4m3fn: KV_QUANT_PER_TENSOR}
-    kv_quant = quant.get(k_cache.dtype, KV_QUANT_NONE)
+    group = H // Hkv
+    limit = shared_bytes_per_block(q.device)
+    plan = split_constexprs(_NAMES[q.dtype], _NAMES[k_cache.dtype], D, group, limit, INTERPRETED,
+                            capability(q.device))
+    if plan is None:
+        why = compiled_refusal(_NAMES[q.dtype], _NAMES[k_cache.dtype]) or (
+            f"no tile for a {k_cache.dtype} cache at head dim {D} fits this GPU's {limit:,} bytes of "
+            "shared memory per block; use a 16-bit or 8-bit cache")
+        raise ValueError(f"decode_attention: {why}")
+    kv_quant = plan["constexprs"]["KV_QUANT"]
     if kv_quant == KV_QUANT_NONE:
         k_scale = v_scale = lengths  # placeholders: pointers the kernel never reads
     elif kv_quant == KV_QUANT_PER_TOKEN and k_scale.stride() != v_scale.stride():
         k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()  # one set of strides below
     scale_strides = k_scale.stride() if kv_quant == KV_QUANT_PER_TOKEN else (0, 0, 0)
-    # Dot in q's dtype when the cache converts exactly (same dtype, int8, fp8); else in fp32.
-    dot_fp32 = q.dtype == torch.float32 or not (k_cache.dtype == q.dtype or kv_quant)
 
-    group = H // Hkv
     m = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(B * Hkv, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, lengths, m, l, acc,
         (1.0 / math.sqrt(D)) * math.log2(math.e), Hkv, group,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
-        KV_QUANT=kv_quant, DOT_FP32=dot_fp32, INPUT_PRECISION="ieee" if dot_fp32 else "tf32",
-        NUM_SPLITS=num_splits, HEAD_DIM=D, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=_block_n(q.device), num_warps=4,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides, num_splits,
+        **plan["constexprs"], num_warps=plan["num_warps"], num_stages=plan["num_stages"],
     )
     o = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
-    _decode_combine_kernel[(B * H,)](m, l, acc, o, NUM_SPLITS=num_splits, HEAD_DIM=D,
-                                     BLOCK_S=triton.next_power_of_2(num_splits))
+    _decode_combine_kernel[(B * H,)](m, l, acc, o, num_splits, HEAD_DIM=D, BLOCK_S=combine_block(num_splits))
     return o
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import check_runnable
+from ._runtime import INTERPRETED, capability, check_runnable, shared_bytes_per_block
 
 # Pseudocode, one program per (BLOCK_M queries, one (batch, head)):
 #   qs = q_tile * sm_scale * log2(e)                          # [BLOCK_M, D]
@@ -35,18 +35,67 @@ from ._runtime import check_runnable
 #   o_tile = acc / l
 
 
+# Autotune candidates on CUDA, (BLOCK_M, BLOCK_N, num_stages, num_warps). make gpu-compile compiles
+# each one the lab keeps for sm_75/80/89/90a, and these lists are what it left without register
+# spills: (128, 64, 3, 4) spilled at D = 128 on sm_90a (255 registers) and runs at 8 warps here;
+# Ampere/Ada keep small tiles at D >= 128 (the others spill 8-16 bytes on sm_80), Hopper small
+# rows at D = 256, Turing (no asynchronous copies: stages in registers) small tiles throughout.
+TILES = ((128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 32, 4, 4), (32, 32, 2, 4))
+TILES_HOPPER_D256 = ((64, 32, 3, 4), (64, 32, 2, 4), (64, 64, 2, 8), (32, 32, 2, 4))
+TILES_AMPERE_WIDE = ((32, 32, 2, 4), (32, 16, 2, 4))  # sm_80 / sm_89 at D >= 128
+TILES_TURING = ((64, 32, 2, 4), (32, 32, 1, 4))  # sm_75 at D <= 64
+TILES_TURING_WIDE = ((32, 16, 2, 4), (16, 32, 2, 4))  # sm_75 at D = 128 (D = 256: none, refused)
+TILES_FP32 = ((32, 16, 2, 4),)  # exact fp32 dots, D <= 128 only (others spill on sm_89)
+TILES_FP32_HOPPER = ((32, 16, 2, 4), (32, 32, 2, 8), (16, 32, 2, 4))
+INTERPRETER_TILE = (16, 16, 1, 4)
+# Autotune keys: P and S rounded up to powers of two (see kernels/matmul.py's m_bucket).
+BUCKET_MIN, BUCKET_MAX = 128, 32768
+
+
+def bucket(n: int) -> int:
+    """P or S as an autotune key: the next power of two, clamped to [BUCKET_MIN, BUCKET_MAX]."""
+    return min(BUCKET_MAX, max(BUCKET_MIN, triton.next_power_of_2(max(1, n))))
+
+
+def shared_bytes_estimate(block_m: int, block_n: int, stages: int, head_dim: int, elem_bytes: int) -> int:
+    """The q tile once, K and V tiles once per pipeline stage (the pipeliner buffers `stages - 1`
+    ahead plus the one in use), and the p tile for the second dot."""
+    return (block_m * head_dim + stages * 2 * block_n * head_dim + block_m * block_n) * elem_bytes
+
+
+def tiles_for(elem_bytes: int, head_dim: int, shared_limit: int | None = None,
+              capability: tuple | None = None) -> list[tuple]:
+    """The autotune tiles for this element size and head dim on a GPU of `capability` (None:
+    Hopper's lists) that fit `shared_limit` bytes per block (None: all)."""
+    cc = tuple(capability) if capability is not None else (9, 0)
+    if elem_bytes == 4:
+        tiles = () if head_dim > 128 else TILES_FP32_HOPPER if cc >= (9, 0) else TILES_FP32
+    elif cc < (8, 0):
+        tiles = TILES_TURING if head_dim <= 64 else TILES_TURING_WIDE if head_dim <= 128 else ()
+    elif cc < (9, 0):
+        tiles = TILES if head_dim <= 64 else TILES_AMPERE_WIDE
+    else:
+        tiles = TILES if head_dim <= 128 else TILES_HOPPER_D256
+    return [t for t in tiles if shared_limit is None
+            or shared_bytes_estimate(t[0], t[1], t[2], head_dim, elem_bytes) <= shared_limit]
+
+
 def _configs():
-    """Autotune candidates on CUDA (H100); one small fixed tile in the interpreter."""
-    if not torch.cuda.is_available():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    tiles = [(128, 64, 3, 4), (128, 64, 4, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 32, 4, 4),
-             (32, 32, 2, 4)]  # the last one fits shared memory even for fp32 with D = 256
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-            for bm, bn, s, w in tiles]
+    """All CUDA tiles (the prune below keeps the ones that fit the GPU); one in the interpreter."""
+    tiles = [INTERPRETER_TILE] if INTERPRETED else sorted(set(TILES + TILES_HOPPER_D256 + TILES_AMPERE_WIDE + TILES_TURING
+                                                            + TILES_TURING_WIDE + TILES_FP32_HOPPER))
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w) for bm, bn, s, w in tiles]
 
 
-@triton.autotune(configs=_configs(), key=["P", "S", "HEAD_DIM", "CAUSAL"])
-@triton.jit
+def _prune(configs, named_args, **kwargs):
+    q = named_args["q_ptr"]
+    keep = set(tiles_for(q.element_size(), kwargs["HEAD_DIM"], shared_bytes_per_block(q.device), capability(q.device)))
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps) in keep]
+
+
+@triton.autotune(configs=_configs(), key=["P_BUCKET", "S_BUCKET", "HEAD_DIM", "CAUSAL"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit(do_not_specialize=["P", "S", "P_BUCKET", "S_BUCKET"])  # one compiled variant for every length
 def _flash_attention_kernel(
     q_ptr,  # [B, H, P, D] queries (fp16/bf16/fp32), any strides
     k_ptr,  # [B, Hkv, S, D] keys, same dtype
@@ -54,6 +103,7 @@ def _flash_attention_kernel(
     o_ptr,  # [B, H, P, D] output, dtype of q
     qk_scale,  # sm_scale * log2(e): scores come out in base 2
     H, P, S,  # query heads, queries, keys (S >= P; queries are the last P positions)
+    P_BUCKET, S_BUCKET,  # bucket(P), bucket(S): the autotune key in place of P and S; unused
     GROUP,  # H // Hkv: query heads per kv head
     stride_qb, stride_qh, stride_qp, stride_qd,  # element strides of q
     stride_kb, stride_kh, stride_ks, stride_kd,  # element strides of k
@@ -158,12 +208,16 @@ def flash_attention(q, k, v, causal=True, sm_scale=None):
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     if B * H * P == 0:
         return o
+    if not INTERPRETED and not tiles_for(q.element_size(), D, shared_bytes_per_block(q.device), capability(q.device)):
+        raise ValueError(f"flash_attention: no tile for {q.dtype} at head dim {D} fits this GPU's "
+                         f"{shared_bytes_per_block(q.device):,} bytes of shared memory per block; "
+                         "use a 16-bit dtype or a smaller head dim")
 
     def grid(meta):  # axis 0: query tiles, axis 1: (batch, head) pairs
         return (triton.cdiv(P, meta["BLOCK_M"]), B * H)
 
     _flash_attention_kernel[grid](
-        q, k, v, o, sm_scale * math.log2(math.e), H, P, S, H // Hkv,
+        q, k, v, o, sm_scale * math.log2(math.e), H, P, S, bucket(P), bucket(S), H // Hkv,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         CAUSAL=bool(causal), HEAD_DIM=D,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

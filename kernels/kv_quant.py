@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import check_runnable
+from ._runtime import check_dtype_supported, check_runnable
 
 # The kernels' own names for cache dtypes. labkit's table is labkit.dtypes (TORCH_DTYPES); kernels/
 # cannot import it (labkit imports kernels, and the kernels must stay usable on their own), so the
@@ -27,6 +27,7 @@ KV_CACHE_DTYPES = {
     "fp8": torch.float8_e4m3fn,
     "int8": torch.int8,
 }
+BLOCK_R = 16  # rows per program
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 INT8_MAX = 127.0  # symmetric range [-127, 127]; -128 unused so that -q is always representable
 
@@ -38,7 +39,7 @@ INT8_MAX = 127.0  # symmetric range [-127, 127]; -128 unused so that -q is alway
 #   store q (and the int8 scales)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])  # one compiled variant for every row count
 def _quantize_kv_kernel(
     x_ptr,  # [R, D] input rows (fp16/bf16/fp32), row stride stride_xr, unit column stride
     q_ptr,  # [R, D] output (int8 or float8_e4m3fn), contiguous
@@ -52,7 +53,8 @@ def _quantize_kv_kernel(
     BLOCK_D: tl.constexpr,  # next power of two >= D (tl.arange needs a power of two)
 ):
     pid = tl.program_id(0)
-    offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    # int64 rows: offs_r * D reaches B * Hkv * T * D, past 2**31 for a long batched cache.
+    offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     mask = (offs_r[:, None] < R) & (offs_d[None, :] < D)  # [BLOCK_R, BLOCK_D]
     x = tl.load(x_ptr + offs_r[:, None] * stride_xr + offs_d[None, :], mask=mask, other=0.0)
@@ -127,6 +129,7 @@ def quantize_kv(x: torch.Tensor, cache_dtype, scale=None, use_triton=None):
         x2 = x2.contiguous()
     R = x2.shape[0]
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
+    check_dtype_supported(q, "quantize_kv")  # an fp8 cache before sm_89: refused here
     is_int8 = dtype == torch.int8
     if is_int8:
         scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
@@ -134,7 +137,6 @@ def quantize_kv(x: torch.Tensor, cache_dtype, scale=None, use_triton=None):
     else:
         scale = _fp8_scale(x, scale)
         inv_scale = scale.reciprocal()  # same fp32 op as the reference, so results match exactly
-    BLOCK_R = 16
     grid = (triton.cdiv(R, BLOCK_R),)
     if R > 0:
         _quantize_kv_kernel[grid](x2, q, scale, inv_scale, R, D, x2.stride(0), IS_INT8=is_int8,

@@ -232,6 +232,55 @@ def preset_for_device_name(device_name: str) -> HardwareSpec | None:
     return None
 
 
+@dataclass(frozen=True)
+class GpuLimits:
+    """What one program of a kernel may use on a GPU, and how many run at once: the compute
+    capability (which dtypes its tensor cores and converters have), the SM count (how many
+    programs a grid needs to fill it) and the shared memory one block may opt in to. The GPU
+    compile check (labkit.gpu_compile) compiles for each capability against its limit; the
+    kernels ask a real device for its own figures."""
+
+    compute_capability: tuple
+    sm_count: int
+    shared_bytes_per_block: int
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+_CUDA_GUIDE = ("CUDA C++ Programming Guide, Compute Capabilities: maximum shared memory per thread block "
+               "(opt-in) {} KB for compute capability {}")
+_CC_LIST = "NVIDIA CUDA GPUs list (developer.nvidia.com/cuda-gpus): {} is compute capability {}"
+_SMS = {  # preset: (SMs, source)
+    "H100-SXM": (132, "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 132 SMs (SXM5)"),
+    "H100-PCIe": (114, "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 114 SMs (PCIe)"),
+    "H200": (132, "the H200 is the H100 SXM's GH100 with HBM3e: 132 SMs (H100 whitepaper, SXM5)"),
+    "A100-40GB": (108, "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs"),
+    "A100-80GB": (108, "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs"),
+    "L4": (58, "NVIDIA L4 datasheet: 7,424 CUDA cores, 128 per Ada SM (Ada whitepaper v2.1) = 58 SMs"),
+    "T4": (40, "NVIDIA Turing GPU Architecture whitepaper (2018): Tesla T4, 40 SMs"),
+    "RTX-4090": (128, "NVIDIA Ada Lovelace GPU Architecture whitepaper v2.1, Appendix A: 128 SMs"),
+}
+_CAPABILITY = {"H100-SXM": (9, 0), "H100-PCIe": (9, 0), "H200": (9, 0), "A100-40GB": (8, 0), "A100-80GB": (8, 0),
+               "L4": (8, 9), "T4": (7, 5), "RTX-4090": (8, 9)}
+# Shared memory per block (opt-in) by compute capability, in KiB (the guide's "KB").
+_SHARED_KIB = {(7, 5): 64, (8, 0): 163, (8, 9): 99, (9, 0): 227}
+
+
+def _limits(preset: str) -> GpuLimits:
+    cc, (sms, sms_source) = _CAPABILITY[preset], _SMS[preset]
+    kib = _SHARED_KIB[cc]
+    return GpuLimits(cc, sms, kib * 1024, {
+        "compute_capability": _CC_LIST.format(preset, f"{cc[0]}.{cc[1]}"), "sm_count": sms_source,
+        "shared_bytes_per_block": _CUDA_GUIDE.format(kib, f"{cc[0]}.{cc[1]}")})
+
+
+GPU_LIMITS: dict[str, GpuLimits] = {name: _limits(name) for name in _CAPABILITY}
+
+
+def gpu_limits(name: str) -> GpuLimits:
+    """The GpuLimits of a GPUS preset (case-insensitive); SpecError lists the known ones."""
+    return GPU_LIMITS[get_gpu(name).name]
+
+
 def get_gpu(name: str) -> HardwareSpec:
     """The preset called `name` (case-insensitive); SpecError lists the known ones."""
     for key, spec in GPUS.items():

@@ -50,7 +50,12 @@ def test_mixed_lengths_gqa(cache, group):
                                            (torch.float16, "fp32")])
 def test_fp32_paths(q_dtype, cache):
     # fp16 q with an fp32 cache takes the DOT_FP32 path (the cache can't be cast down exactly).
+    # Compiled, an fp32 q over an int8 cache is refused (its fp32 dots spill: make gpu-compile).
     case = make_case(2, 8, 2, 40, 64, q_dtype, cache, [17, 40], seed=3)
+    if DEVICE == "cuda" and q_dtype == torch.float32 and cache != "fp32":
+        with pytest.raises(ValueError, match="an fp32 q needs an fp32 cache on a GPU"):
+            check(case, "refused")
+        return
     check(case, f"q {q_dtype}, {cache} cache")
 
 
@@ -141,3 +146,39 @@ def test_check_lengths_false_reads_nothing_back(monkeypatch):
         decode_attention(*case)  # the default checks lengths: one read back
     monkeypatch.undo()
     torch.testing.assert_close(out.float(), ref.float(), **FLOAT_TOL[torch.float16])
+
+
+def test_a_dtype_the_gpu_lacks_is_refused_before_the_compiler(monkeypatch):
+    """An fp8 cache on a T4 (sm_75) or A100 (sm_80), bf16 on a T4: one clear line, no compile."""
+    from kernels import _runtime
+
+    class FakeCuda:  # a CUDA tensor's dtype and device, on a machine without a GPU
+        is_cuda, device = True, "cuda:0"
+
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    with pytest.raises(ValueError, match=r"decode_attention: torch.float8_e4m3fn needs a GPU of compute "
+                                         r"capability 8.9 or newer; Tesla T4 is 7.5: use an int8 cache"):
+        _runtime.check_dtype_supported(FakeCuda(torch.float8_e4m3fn), "decode_attention")
+    with pytest.raises(ValueError, match="bfloat16 needs a GPU of compute capability 8.0.*use fp16"):
+        _runtime.check_dtype_supported(FakeCuda(torch.bfloat16), "matmul")
+    _runtime.check_dtype_supported(FakeCuda(torch.int8), "decode_attention")  # int8 runs everywhere
+    _runtime.check_dtype_supported(FakeCuda(torch.float16), "matmul")
+
+
+def test_compiled_kernels_refuse_pairs_that_spill_and_fit_every_gpu():
+    """What the wrapper picks on each GPU (the tables make gpu-compile checks): an fp32 cache at
+    D = 256 fits an H100's 227 KiB (it needed 276 KiB before); on a T4's 64 KiB no tile fits, and
+    the wrapper says so (None); spilling pairs are refused."""
+    from kernels.decode_attention import compiled_refusal, split_constexprs, split_shared_bytes
+    plan = split_constexprs("fp32", "fp32", 256, 4, 232448, capability=(9, 0))
+    assert plan and split_shared_bytes(plan["constexprs"]["BLOCK_N"], plan["num_stages"], 256, 4, 4) <= 232448
+    assert split_constexprs("fp32", "fp32", 256, 4, 65536, capability=(7, 5)) is None
+    assert split_constexprs("fp16", "fp16", 128, 4, 65536, capability=(7, 5))["constexprs"]["BLOCK_N"] == 32
+    assert compiled_refusal("fp16", "bf16") and compiled_refusal("fp32", "int8")
+    assert split_constexprs("bf16", "fp16", 128, 4, None) is None
+    assert compiled_refusal("bf16", "fp8") is None and compiled_refusal("bf16", "fp32") is None
+    assert split_constexprs("fp32", "int8", 128, 4, None, interpreted=True)  # the interpreter takes all

@@ -77,3 +77,41 @@ def test_matmul_mixed_dtype_and_device_rejected():
         matmul(a, torch.ones(5, 3, dtype=torch.float32, device=DEVICE))
     with pytest.raises(ValueError, match="expected the same device"):
         matmul(a, torch.ones(5, 3, dtype=torch.float16, device="meta"))
+
+
+# ---------------------------------------------------------------- decode-shaped products (split-K)
+def test_decode_shaped_products_fill_every_sm_of_an_h100_and_h200():
+    """The 8B's linear layers at B = 1 ... 64 rows: the split-K grid has at least as many programs
+    as the GPU has SMs (before, wo and w_down launched at most 64 programs on 132 SMs)."""
+    from kernels.matmul import SPLIT_K_MAX_M, split_k_plan
+    from labkit.specs import get_model, gpu_limits
+    spec = get_model("llama-3.1-8b")
+    d, ffn = spec.hidden_size, spec.intermediate_size
+    products = {"wqkv": (d, spec.q_dim + 2 * spec.kv_dim), "wo": (spec.q_dim, d), "w_gate_up": (d, 2 * ffn),
+                "w_down": (ffn, d), "lm_head": (d, spec.vocab_size)}  # (K, N), as labkit.model multiplies them
+    for gpu in ("H100-SXM", "H200"):
+        sms = gpu_limits(gpu).sm_count
+        assert sms == 132
+        for B in range(1, SPLIT_K_MAX_M + 1):
+            for name, (K, N) in products.items():
+                plan = split_k_plan(B, N, K, 2, sms, interpreted=False, capability=(9, 0))
+                assert plan["programs"] >= sms, f"{gpu} B={B} {name}: {plan}"
+                assert plan["K_PER_SPLIT"] % plan["BLOCK_K"] == 0 and plan["BLOCK_M"] >= B
+                assert (plan["SPLIT_K"] - 1) * plan["K_PER_SPLIT"] < K  # no empty slice
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(1, 256, 40), (5, 300, 64), (33, 128, 96), (64, 96, 128)])
+def test_split_k_path_matches_reference(M, K, N, dtype):
+    """M <= 64 takes the split-K path (in the interpreter with INTERPRETER_SMS, so several slices)."""
+    from kernels.matmul import split_k_plan
+    if M == 1:  # 2 column tiles of 32 on 4 stand-in SMs: the sum kernel runs too
+        assert split_k_plan(M, N, K, 2, 4)["SPLIT_K"] == 2
+    a = randn(M, K, dtype=dtype, seed=20)
+    w = randn(N, K, dtype=dtype, seed=21) * K ** -0.5
+    assert_close(matmul(a, w.T), matmul_reference(a, w.T), dtype, f"split-k {M}x{K}x{N} {dtype}")
+
+
+def test_autotune_keys_are_bucketed():
+    from kernels.matmul import M_BUCKET_MAX, M_BUCKET_MIN, m_bucket
+    assert [m_bucket(m) for m in (65, 128, 129, 2000, 2048, 32768)] == [M_BUCKET_MIN, 128, 256, 2048, 2048, M_BUCKET_MAX]
