@@ -19,9 +19,11 @@ does, and a GPU's datasheet peak is rarely reached. `calibrate` measures, in abo
 Each figure is repeated until it is trustworthy: on a CPU the fastest call counts once a
 second call comes within timing.CONFIRM_TOLERANCE (10 %) of it (`timing.time_until_stable`); on
 CUDA the median of event-timed samples whose spread is under timing.NOISY_SPREAD (25 %). A figure
-that does not get there within its budget is named in info["noisy"], and such a calibration is
-kept for this process only, never cached: a roof measured while the machine was busy would judge
-every later point against too low a ceiling.
+that does not get there within its budget is named in info["noisy"]; so is a CPU calibration
+during which other processes kept more than OTHERS_BUSY_LIMIT (15 %) of the cores busy (a steady
+load confirms its own, slower, figures). Such a calibration is kept for this process only, never
+cached: a roof measured while the machine was busy would judge every later point against too low
+a ceiling.
 
 The spec's `memory_bandwidth_bytes_per_s` is the roof at the largest working set (the memory's,
 past every cache); `bandwidth_by_working_set` keeps the whole curve, which
@@ -64,6 +66,9 @@ SMALLEST_WORKING_SET = MIB
 MIN_POINTS = 6
 MIN_SAMPLE_S = 2e-3  # a CPU call shorter than this is repeated back to back within one sample
 CPU_MAX_SAMPLES = 100
+# A CPU calibration during which other processes kept more than this share of all cores busy is
+# noisy: its roofs are a loaded machine's (issue 13: 12.1 GB/s cached during a test run, 20.0 idle).
+OTHERS_BUSY_LIMIT = 0.15
 ROW = 256  # the GEMV read's row length (the lab-cpu model's hidden size)
 QUANTUM = 2 * ROW * 4  # working sets split into fp32 rows of ROW and into two halves for the copy
 
@@ -101,7 +106,7 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
     """Measure `device` ("cpu" | "cuda") now; return its calibrated HardwareSpec and provenance."""
     kind = _kind(device)
     plan = plan or PLANS[kind]
-    start_s = time.perf_counter()
+    start_s, load = time.perf_counter(), _load_snapshot()
     caches = machine_caches(kind)
     sizes = working_set_sizes(top_bytes(plan, caches), caches[-1][1] if caches else None, plan.step)
     curve = bandwidth_by_working_set(kind, sizes, plan)
@@ -110,12 +115,15 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
         torch.cuda.empty_cache()
     noisy = [f"bandwidth at {p['bytes'] / MIB:,.1f} MiB" for p in curve if p["noisy"]]
     noisy += [f"{dtype} matmul" for dtype, result in matmul.items() if result.get("noisy")]
+    others = _others_busy_share(load) if kind == "cpu" else None
+    if others is not None and others > OTHERS_BUSY_LIMIT:
+        noisy.append(f"other processes kept {others:.0%} of the cores busy meanwhile")
     info = {**base_provenance(kind), "kind": "calibration", "plan": dataclasses.asdict(plan),
             "cpu_identity": cpu_info.cpu_identity() if kind == "cpu" else None,
             "caches": [list(level) for level in caches], "caches_source": _caches_source(kind),
             "elapsed_s": time.perf_counter() - start_s, "bandwidth_by_working_set": curve,
             "bandwidth": {name: curve[-1]["tests"][name] for name in ("copy", "read")},
-            "matmul": matmul, "noisy": noisy}
+            "matmul": matmul, "others_busy_share": others, "noisy": noisy}
     spec = _spec(kind, curve, caches, matmul, info["date"])
     info["tier_edges"] = roofline.tier_edges(spec.bandwidth_by_working_set, caches, spec.memory_name)
     return spec, info
@@ -123,6 +131,23 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
 
 def _kind(device) -> str:
     return torch.device(getattr(device, "device", device)).type
+
+
+def _load_snapshot() -> tuple[float, float | None, float]:
+    """(wall clock, CPU seconds of all processes, CPU seconds of this one) now."""
+    own = os.times()
+    return time.monotonic(), cpu_info.cpu_busy_s(), own.user + own.system
+
+
+def _others_busy_share(start: tuple) -> float | None:
+    """The share of all cores that other processes (and a VM's neighbours, through steal time)
+    kept busy since `start`: a confirmed figure can still be a busy machine's, when the load was
+    steady. None where the OS does not say (no /proc/stat)."""
+    end = _load_snapshot()
+    if start[1] is None or end[1] is None:
+        return None
+    wall_s = max(end[0] - start[0], 1e-9)
+    return max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / (wall_s * (os.cpu_count() or 1))
 
 
 # ---------------------------------------------------------------- caches and working sets

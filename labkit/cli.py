@@ -295,6 +295,13 @@ def _print_human(command: str, result: dict):
         _print_rows(result["models"], ["name", "params", "n_layers", "hidden_size", "n_heads", "n_kv_heads",
                                        "max_context", "weight_bf16_bytes", "kv_bf16_bytes_per_token"])
         print("sources:\n  " + "\n  ".join(f"{r['name']}: {r['source']}" for r in result["models"]))
+    elif command == "calibrate":
+        _print_pairs(result)
+        print("bandwidth roof by working set (the fastest of read, GEMV and copy):")
+        _print_rows([{"working_set_bytes": p["bytes"], "roof_bytes_per_s": p["bytes_per_s"]}
+                     for p in result["bandwidth_by_working_set"]], ["working_set_bytes", "roof_bytes_per_s"])
+        for edge in result["tier_edges"]:
+            print(f"{edge['label']} from ~{_binary(edge['bytes'])} (the OS reports a {_binary(edge['cache_bytes'])} {edge['from']})")
     elif command == "bench":
         columns = ("point", "time_s", "predicted_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
                    "roof_tier", "skipped")

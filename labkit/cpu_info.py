@@ -7,6 +7,7 @@ last-level cache) and whether a cached calibration still describes this machine.
     caches.last_level_bytes      # 503,316,480
     cpu_identity()               # "vendor_id GenuineIntel cpu family 6 model 167 stepping 1: Intel(R) Xeon(R) Processor"
     last_boot()                  # datetime of the last boot, or None where the OS does not say
+    cpu_busy_s()                 # CPU seconds all processes used since boot (two readings: the load)
 
 A cache level's `bytes` is what all the cores this process may run on hold together: a per-core
 L2 counts once per core, a shared L3 once. That is the working set an all-core read keeps in
@@ -184,6 +185,21 @@ def last_boot() -> datetime | None:
     out = _run(["sysctl", "-n", "kern.boottime"]) if platform.system() == "Darwin" else None
     match = re.search(r"sec\s*=\s*(\d+)", out or "")
     return datetime.fromtimestamp(int(match.group(1)), timezone.utc) if match else None
+
+
+def cpu_busy_s() -> float | None:
+    """Seconds of CPU time all processes have used since boot, summed over cores (user, nice,
+    system, irq, softirq, and steal: time the hypervisor gave this VM's cores to others), from
+    /proc/stat; None where the OS has no /proc/stat. Two readings bound the machine's load."""
+    try:
+        with open("/proc/stat") as file:
+            fields = [int(x) for x in file.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _run(args: list[str]) -> str | None:

@@ -154,6 +154,10 @@ def test_calibrate_reports_and_caches_this_machine(capsys, monkeypatch):
     assert got["cache_levels"] and got["memory_name"] == "DRAM" and got["noisy"] == []
     assert got["provenance"]["device"] == "cpu" and got["fp8_flops_per_s"] is None
     assert run_json(capsys, "calibrate", "--device", "cpu", "--refresh")["cache_status"].startswith("measured")
+    assert cli.main(["calibrate", "--device", "cpu"]) == 0  # for people: the curve as a table too
+    out = capsys.readouterr().out
+    table = out.split("bandwidth roof by working set")[1].splitlines()[2:]
+    assert len([line for line in table if line.endswith("B/s")]) >= 6
 
 
 BAD = [

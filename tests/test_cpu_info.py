@@ -1,0 +1,55 @@
+"""labkit.cpu_info: cache sizes as the OS reports them (a fake sysfs here), a stated fallback,
+the CPU's identity, its last boot and its busy time."""
+from datetime import datetime, timezone
+
+import pytest
+
+from labkit import cpu_info
+
+
+def _index(root, cpu, index, level, kind, size, shared):
+    d = root / f"cpu{cpu}" / "cache" / f"index{index}"
+    d.mkdir(parents=True)
+    for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+        (d / name).write_text(f"{value}\n")
+
+
+def test_sizes_parse_as_sysfs_and_lscpu_write_them():
+    assert cpu_info.parse_size("48K") == 48 * 2**10 and cpu_info.parse_size("491520K") == 480 * 2**20
+    assert cpu_info.parse_size("32 MiB") == 32 * 2**20 and cpu_info.parse_size("1M") == 2**20
+    with pytest.raises(ValueError):
+        cpu_info.parse_size("lots")
+
+
+def test_per_core_levels_count_once_per_core_and_shared_ones_once(tmp_path):
+    """Two cores, each with its own 2 MiB L2 and a 48 KiB L1d, sharing a 480 MiB L3: all cores
+    together hold 4 MiB in L2 and 480 MiB in L3; instruction caches and L1 are not levels here."""
+    for cpu in (0, 1):
+        _index(tmp_path, cpu, 0, 1, "Data", "48K", cpu)
+        _index(tmp_path, cpu, 1, 1, "Instruction", "64K", cpu)
+        _index(tmp_path, cpu, 2, 2, "Unified", "2048K", cpu)
+        _index(tmp_path, cpu, 3, 3, "Unified", "491520K", "0-1")
+    caches = cpu_info._from_sysfs({0, 1}, tmp_path)
+    assert caches.as_pairs() == (("L2", 4 * 2**20), ("L3", 480 * 2**20))
+    assert [lv.instances for lv in caches.levels] == [2, 1] and caches.last_level_bytes == 480 * 2**20
+    assert caches.describe().startswith("L2 4 MiB (2 instances), L3 480 MiB (1 instance), from Linux sysfs")
+    assert cpu_info._from_sysfs({0}, tmp_path).as_pairs() == (("L2", 2 * 2**20), ("L3", 480 * 2**20))  # one core's share
+    assert cpu_info._from_sysfs({0, 1}, tmp_path / "missing") is None
+
+
+def test_where_the_os_reports_nothing_the_assumption_is_stated(monkeypatch):
+    for reader in ("_from_sysfs", "_from_sysctl", "_from_sysconf"):
+        monkeypatch.setattr(cpu_info, reader, lambda cpus: None)
+    caches = cpu_info.cpu_caches({0, 1})
+    assert caches.last_level_bytes == cpu_info.FALLBACK_LAST_LEVEL_BYTES
+    assert caches.source.startswith("assumed: the OS reports no cache sizes here")
+
+
+def test_this_machine_is_described():
+    caches = cpu_info.cpu_caches()
+    assert caches.levels and all(size > 0 for _, size in caches.as_pairs())
+    assert cpu_info.cpu_identity() and ":" in cpu_info.cpu_identity() or cpu_info.cpu_identity()
+    booted = cpu_info.last_boot()
+    assert booted is None or booted <= datetime.now(timezone.utc)
+    first = cpu_info.cpu_busy_s()
+    assert first is None or 0 < first <= cpu_info.cpu_busy_s()
