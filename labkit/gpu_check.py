@@ -58,7 +58,7 @@ import time
 from . import gpu_sections
 from .cli_args import Parser, UsageError
 from .errors import LabError
-from .gpu_run import SECTIONS, Budget, Run, error_line, write_section
+from .gpu_run import SECTIONS, Budget, Run, autotune_estimate, error_line, write_section
 from .sizes import GPU_CHECK_DRY, GPU_CHECK_FULL
 from .specs import preset_for_device_name
 
@@ -67,8 +67,9 @@ from .specs import preset_for_device_name
 # CUDA context) comes first: the whole command stays inside the 8 minutes it is allowed.
 DEFAULT_BUDGET_S = 420.0
 NO_GPU = "no CUDA GPU: run with --dry-run, or on a GPU machine"
-# The kernels' dtype: bf16 on a GPU, the dtype the chapter's peaks are quoted for; fp16 in
-# Triton's interpreter, whose bf16 arithmetic is wrong (triton issue #11584).
+# The kernels' dtype: bf16 on a GPU, the dtype the chapter's peaks are quoted for (fp16 on one
+# without bf16, a T4: labkit.backend's compute dtype, and the run says so); fp16 in Triton's
+# interpreter, whose bf16 arithmetic is wrong (triton issue #11584).
 KERNEL_DTYPE = {"cuda": "bf16", "cpu": "fp16"}
 SECTION_FUNCTIONS = {"calibration": gpu_sections.calibration_section,
                      "correctness": gpu_sections.correctness_section, "kernels": gpu_sections.kernels_section,
@@ -118,10 +119,15 @@ def main(argv=None) -> int:
     if device is None:
         print(NO_GPU, file=sys.stderr)
         return 2
-    from .backend import device_name  # loaded by kernel_device already
+    from .backend import choose_device, device_name  # loaded by kernel_device already
     datasheet = preset_for_device_name(device_name(device)) if device == "cuda" else None
-    run = Run(args, device, KERNEL_DTYPE[device], GPU_CHECK_DRY if args.dry_run else GPU_CHECK_FULL,
+    dtype = choose_device("cuda").compute_dtype if device == "cuda" else KERNEL_DTYPE[device]
+    run = Run(args, device, dtype, GPU_CHECK_DRY if args.dry_run else GPU_CHECK_FULL,
               Budget(args.budget_s, args.sections), datasheet)
+    if device == "cuda" and dtype != KERNEL_DTYPE["cuda"]:
+        run.results["kernel_dtype_note"] = choose_device("cuda").reason
+    if args.dry_run:
+        print(json.dumps({"full_run_autotuning": autotune_estimate(GPU_CHECK_FULL, DEFAULT_BUDGET_S)}), flush=True)
     if not run_sections(run):
         return 2
     print(json.dumps(summary(run)), flush=True)

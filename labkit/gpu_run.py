@@ -192,3 +192,46 @@ def quantized_cache(run: Run, k, v, cache_dtype: str):
     use_triton = run.device == "cuda" or cache_dtype == "int8"
     (kq, ks), (vq, vs) = (quantize_kv(x, cache_dtype, scale, use_triton=use_triton) for x in (k, v))
     return kq, vq, ks, vs
+
+
+# ---------------------------------------------------------------- autotuning, bounded
+def autotune_estimate(sizes: Sizes, budget_s: float = 420.0, model: str | None = None) -> dict:
+    """What a run at `sizes` costs in autotuning: the autotune keys it meets (M, P and S bucketed
+    to powers of two by the kernels: kernels.matmul.m_bucket, kernels.flash_attention.bucket),
+    the tiles each key benchmarks on an H100, and the time that takes at triton's own benchmark
+    defaults (do_bench's warmup + rep per tile), against `budget_s`. Compiled variants: one per
+    tile, dtype and head dim (the sizes are not specialised), so bounded by the tile tables."""
+    import inspect  # triton's do_bench defaults
+
+    from triton import testing  # after the interpreter choice (gpu_check.main)
+
+    from kernels.flash_attention import bucket  # after the interpreter choice (gpu_check.main)
+    from kernels.flash_attention import tiles_for as flash_tiles_for  # after the interpreter choice
+    from kernels.matmul import SPLIT_K_MAX_M, m_bucket, tiles_for  # after the interpreter choice
+    from .specs import get_model  # the model whose linears the run multiplies
+    spec = get_model(model or sizes.model)
+    d, f = spec.hidden_size, spec.intermediate_size
+    linears = ((d, spec.q_dim + 2 * spec.kv_dim), (spec.q_dim, d), (d, 2 * f), (f, d))  # (K, N): wqkv, wo, gate_up, down
+    rows = {M for M, _, _ in sizes.matmuls} | set(sizes.prompts) | set(_batches(sizes))
+    mm_keys = {(m_bucket(M), K, N) for M, K, N in sizes.matmuls if M > SPLIT_K_MAX_M}
+    mm_keys |= {(m_bucket(M), K, N) for M in rows if M > SPLIT_K_MAX_M for K, N in linears}
+    mm_keys |= {(m_bucket(B), d, spec.vocab_size) for B in _batches(sizes) if B > SPLIT_K_MAX_M}  # the output head
+    D = sizes.heads[2]
+    lengths = set(sizes.flash_checks) | {(P, P) for P in (*sizes.flash_timings, *sizes.prompts)}
+    flash_keys = {(bucket(P), bucket(S)) for P, S in lengths}
+    params = inspect.signature(testing.do_bench).parameters
+    per_tile_s = (params["warmup"].default + params["rep"].default) / 1e3
+    mm_tiles, flash_tiles = len(tiles_for(2, capability=(9, 0))), len(flash_tiles_for(2, D, capability=(9, 0)))
+    cost_s = per_tile_s * (len(mm_keys) * mm_tiles + len(flash_keys) * flash_tiles)
+    return {"matmul_keys": len(mm_keys), "matmul_tiles_per_key": mm_tiles, "flash_keys": len(flash_keys),
+            "flash_tiles_per_key": flash_tiles, "seconds_per_tile": per_tile_s, "autotune_s": round(cost_s, 1),
+            "budget_s": budget_s, "budget_fraction": round(cost_s / budget_s, 3),
+            "compiled_variants": mm_tiles + flash_tiles}
+
+
+def _batches(sizes: Sizes) -> list[int]:
+    """The decode batches a full run may reach: sizes.batches, doubled up to max_batch."""
+    batches = list(sizes.batches)
+    while batches[-1] * 2 <= sizes.max_batch:
+        batches.append(batches[-1] * 2)
+    return batches

@@ -34,6 +34,18 @@ TARGET_MATMUL_VS_TORCH = 0.85
 TARGET_FLASH_FLOPS_PER_S = 400e12
 TARGET_QUANT_SPEEDUP = 1.5
 CACHE_DTYPES = ("bf16", "fp8", "int8")
+FP8_CAPABILITY = (8, 9)  # kernels/_runtime.MIN_CAPABILITY: fp8 e4m3 from Ada (L4, RTX 4090) on
+
+
+def cache_dtypes(run: Run, float_cache: str) -> tuple:
+    """The caches a run checks and times: `float_cache`, fp8 and int8; without fp8 on a GPU that
+    has none (before sm_89: T4, A100), which the final line then names."""
+    if run.device == "cuda":
+        import torch  # after the arguments are checked
+        if torch.cuda.get_device_capability() < FP8_CAPABILITY:
+            run.results["not_on_this_gpu"] = "fp8 KV cache (needs compute capability 8.9: L4, RTX 4090, H100)"
+            return (float_cache, "int8")
+    return (float_cache, "fp8", "int8")
 
 
 # ---------------------------------------------------------------- 1. calibration
@@ -64,7 +76,7 @@ def correctness_section(run: Run) -> dict:
     steps = [(f"matmul {M}x{K}x{N}", lambda M=M, K=K, N=N: check_matmul(run, M, K, N)) for M, K, N in s.matmuls]
     steps += [(f"flash P={P} S={S}", lambda P=P, S=S: check_flash(run, P, S)) for P, S in s.flash_checks]
     steps += [(f"decode {c} B={B} S={S}", lambda B=B, S=S, c=c: check_decode(run, B, S, c))
-              for B, S in s.decode_checks for c in (run.dtype, "fp8", "int8")]
+              for B, S in s.decode_checks for c in cache_dtypes(run, run.dtype)]
     steps += [(f"kv_quant {c}", lambda c=c: check_kv_quant(run, c)) for c in ("int8", "fp8")]
     checks = run_steps(run, steps)
     # A check the budget skipped did not fail, but it did not pass either: the summary names it.
@@ -157,10 +169,10 @@ def kernels_section(run: Run) -> dict:
     steps = [(f"matmul {M}x{K}x{N}", lambda M=M, K=K, N=N: time_matmul(run, M, K, N)) for M, K, N in s.matmuls]
     steps += [(f"flash P={P}", lambda P=P: time_flash(run, P)) for P in s.flash_timings]
     steps += [(f"decode {c} B={B} S={S}", lambda B=B, S=S, c=c: time_decode(run, B, S, c))
-              for B, S in s.decode_timings for c in (run.dtype, "fp8", "int8")]
+              for B, S in s.decode_timings for c in cache_dtypes(run, run.dtype)]
     timings = run_steps(run, steps)
-    times = {(t["shape"]["B"], t["shape"]["S"], t["cache_dtype"]): t["time_s"]
-             for t in timings if t.get("kernel") == "decode_attention" and "time_s" in t}
+    times = {(t["shape"]["B"], t["shape"]["S"], t["cache_dtype"]): t["time_s"]  # host-bound, cache-resident: out
+             for t in timings if t.get("kernel") == "decode_attention" and "time_s" in t and not left_out_why(t)}
     speedups = [{"batch": B, "context_tokens": S, "cache_dtype": c, "over": run.dtype,
                  "speedup": times[(B, S, run.dtype)] / t} for (B, S, c), t in times.items()
                 if c != run.dtype and S >= s.long_context and (B, S, run.dtype) in times]
@@ -177,7 +189,9 @@ def bench(run: Run, label: str, flops: float, nbytes: float, ours, baseline: str
     run.log(f"{label}: {flops / 1e9:,.3g} GFLOP, {nbytes / 2**20:,.3g} MiB; "
             + roof_text(run, lambda hw: roofline.roofline_time_s(flops, nbytes, hw, run.dtype)))
     s = run.sizes
-    t_ours, t_base = (time_fn(fn, run.device, s.warmup, s.repeats, s.measure_budget_s) for fn in (ours, base))
+    # isolate: the GPU's time alone (launch cost out, L2 flushed for a working set under 2x L2).
+    t_ours, t_base = (time_fn(fn, run.device, s.warmup, s.repeats, s.measure_budget_s, isolate=True,
+                              working_set_bytes=nbytes) for fn in (ours, base))
     r = rates(run, flops, nbytes, t_ours)
     ratio = t_base.median_s / t_ours.median_s
     fractions = ", ".join(f"{r[f'roof_fraction_{k}']:.2f} of {k} roof" for k in roofs(run)
@@ -188,7 +202,17 @@ def bench(run: Run, label: str, flops: float, nbytes: float, ours, baseline: str
             f"{format_seconds(t_base.median_s)}: triton {ratio:.2f}x as fast{target}"
             + (f"; HOST-BOUND: {', '.join(host_bound)}" if host_bound else ""))
     return {**r, "baseline": baseline, "baseline_time_s": t_base.median_s, "ratio_to_baseline": ratio,
-            "baseline_host_bound": t_base.host_bound}
+            "baseline_host_bound": t_base.host_bound, "timing_method": t_ours.method,
+            "l2_flushed": t_ours.l2_flushed, "l2_resident": l2_resident_unflushed(run, nbytes, t_ours)}
+
+
+def l2_resident_unflushed(run: Run, nbytes: float, timing) -> bool | None:
+    """Could this timing have read its working set from L2 (under 2x the L2, and not flushed)?"""
+    if run.device != "cuda":
+        return None
+    from .measure import l2_bytes, l2_resident  # loads torch
+    resident = l2_resident(nbytes, l2_bytes(run.device))
+    return None if resident is None else resident and not timing.l2_flushed
 
 
 def time_matmul(run: Run, M: int, K: int, N: int) -> dict:
@@ -243,10 +267,24 @@ def time_decode(run: Run, B: int, S: int, cache_dtype: str) -> dict:
                     "torch (dequantise + SDPA)", torch_decode)}
 
 
+def left_out_why(t: dict) -> str | None:
+    """Why a timing stays out of the headline figures: its host issued the work as slowly as the
+    GPU ran it (host-bound), or its working set could sit in L2 unflushed (cache-resident)."""
+    if t.get("host_bound") or t.get("baseline_host_bound"):
+        return "host-bound"
+    if t.get("l2_resident"):
+        return "cache-resident (working set under 2x L2, not flushed)"
+    return None
+
+
 def summarize_kernels(run: Run, timings: list, speedups: list):
-    """The headline numbers for the final line; None where nothing was measured."""
+    """The headline numbers for the final line; None where nothing was measured. Host-bound and
+    cache-resident timings are left out, and named under "headline_left_out"."""
+    kept = [t for t in timings if "time_s" in t and not left_out_why(t)]
+    left_out = {t["step"]: left_out_why(t) for t in timings if "time_s" in t and left_out_why(t)}
+
     def values(kernel, key, keep=lambda t: True):
-        return [t[key] for t in timings if t.get("kernel") == kernel and key in t and keep(t)]
+        return [t[key] for t in kept if t.get("kernel") == kernel and key in t and keep(t)]
     ratios, decode = values("matmul", "ratio_to_baseline"), "decode_attention"
     flash = values("flash_attention", "achieved_flops_per_s", lambda t: t["shape"]["P"] >= run.sizes.flash_target_from)
     run.results.update({
@@ -255,6 +293,7 @@ def summarize_kernels(run: Run, timings: list, speedups: list):
         "decode_max_bandwidth_fraction_datasheet": max(values(decode, "bandwidth_fraction_datasheet"), default=None),
         "decode_max_bandwidth_fraction_calibrated": max(values(decode, "bandwidth_fraction_calibrated"), default=None),
         "quant_min_speedup_long_context": min(speedups, default=None),
+        "headline_left_out": left_out,
         "targets_met": {"matmul": min(ratios) >= TARGET_MATMUL_VS_TORCH if ratios else None,
                         "flash": min(flash) >= TARGET_FLASH_FLOPS_PER_S if flash else None,
                         "quant": min(speedups) >= TARGET_QUANT_SPEEDUP if speedups else None}})
@@ -307,8 +346,10 @@ def decode_steps(run: Run, model) -> list:
                            lambda hw: roofline.predicted_decode_step_s(spec, B, S, hw, dtype, c),
                            lambda: sweeps.measure_decode(spec.name, B, S, c, run.device, repeats=s.sweep_repeats))
 
-    grid = [(B, s.context, c) for c in CACHE_DTYPES for B in decode_batches(run, model, c)]
-    grid += [(1, S, c) for c in CACHE_DTYPES for S in s.contexts if S != s.context]
+    # The model's float cache: bf16, or fp16 on a GPU without bf16 (labkit.backend computes in it there).
+    caches = cache_dtypes(run, "fp16" if run.device == "cuda" and run.dtype == "fp16" else CACHE_DTYPES[0])
+    grid = [(B, s.context, c) for c in caches for B in decode_batches(run, model, c)]
+    grid += [(1, S, c) for c in caches for S in s.contexts if S != s.context]
     return [(f"decode {c} B={B} S={S}", lambda B=B, S=S, c=c: point(B, S, c)) for B, S, c in grid]
 
 

@@ -46,6 +46,11 @@ class Timing:
     # "median" (CUDA events, which other processes cannot slow) or "fastest" (a shared CPU: the
     # fastest call, once confirmed by a second one within CONFIRM_TOLERANCE).
     estimator: str = "median"
+    # CUDA: how the samples were taken ("events": back-to-back calls between two events; "cuda
+    # graph": launches replayed from a graph, so no host cost; "L2 flushed": the L2 emptied
+    # before each call), and whether the L2 was flushed (None: not a CUDA timing).
+    method: str | None = None
+    l2_flushed: bool | None = None
 
     def __post_init__(self):
         # NaN passes `<= 0` and inf would make the median and spread meaningless: refuse both.
@@ -111,7 +116,7 @@ class Timing:
                 "spread": self.spread, "noisy": self.noisy, "samples_s": list(self.samples_s),
                 "calls_per_sample": self.calls_per_sample,
                 "host_median_s": statistics.median(self.host_s) if self.host_s else None,
-                "host_bound": self.host_bound}
+                "host_bound": self.host_bound, "method": self.method, "l2_flushed": self.l2_flushed}
 
 
 def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: float,

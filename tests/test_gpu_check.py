@@ -223,3 +223,33 @@ def test_the_check_imports_no_jupyter_package():
             "print(sorted(m for m in ('plotly', 'ipywidgets', 'IPython', 'nbformat', 'jupyter_core') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_headline_figures_leave_out_host_bound_and_cache_resident_timings(tmp_path):
+    """decode_max_bandwidth_fraction_* is a max over timings of the GPU alone: a host-bound point
+    and one whose working set sat in L2 unflushed are left out, and named."""
+    from labkit import gpu_sections
+    args = command.parse_args(["--out", str(tmp_path), "--dry-run"])
+    run = gc_run.Run(args, "cuda", "bf16", DRY, Budget(60, SECTIONS), None)
+
+    def timing(step, fraction, **flags):
+        return {"step": step, "kernel": "decode_attention", "time_s": 1e-5, "bandwidth_fraction_datasheet": fraction,
+                "shape": {"B": 1, "S": 16384}, "cache_dtype": "fp8", **flags}
+    timings = [timing("ok", 0.8, l2_flushed=True, l2_resident=False), timing("slow host", 0.1, host_bound=True),
+               timing("in L2", 1.4, l2_resident=True)]
+    gpu_sections.summarize_kernels(run, timings, [])
+    assert run.results["decode_max_bandwidth_fraction_datasheet"] == 0.8
+    assert run.results["headline_left_out"] == {
+        "slow host": "host-bound", "in L2": "cache-resident (working set under 2x L2, not flushed)"}
+
+
+def test_a_dry_run_states_what_full_autotuning_costs():
+    from labkit.gpu_run import autotune_estimate
+    from labkit.sizes import GPU_CHECK_FULL
+    est = autotune_estimate(GPU_CHECK_FULL, 420.0)
+    # bucketed keys: 7 prompts + 4 decode batches past the split-K path, 4 linears each, far
+    # fewer than one key per distinct M; the cost is keys x tiles x triton's do_bench defaults
+    assert 0 < est["matmul_keys"] <= 60 and 0 < est["flash_keys"] <= 12
+    assert est["autotune_s"] == pytest.approx(est["seconds_per_tile"] * (
+        est["matmul_keys"] * est["matmul_tiles_per_key"] + est["flash_keys"] * est["flash_tiles_per_key"]), abs=0.1)
+    assert est["budget_fraction"] < 0.5

@@ -50,7 +50,7 @@ def test_timing_to_dict_carries_units():
     summary = Timing((1.0, 3.0, 2.0)).to_dict()
     assert summary == {"estimate_s": 2.0, "estimator": "median", "median_s": 2.0, "min_s": 1.0, "max_s": 3.0, "spread": 1.0, "noisy": True,
                        "samples_s": [1.0, 3.0, 2.0], "calls_per_sample": 1,
-                       "host_median_s": None, "host_bound": None}
+                       "host_median_s": None, "host_bound": None, "method": None, "l2_flushed": None}
 
 
 class Counter:
@@ -147,6 +147,38 @@ def test_a_short_cuda_call_is_timed_as_the_mean_of_back_to_back_calls(monkeypatc
         assert batches == [1] + [calls] * 4 and timing.calls_per_sample == calls
         assert timing.median_s == pytest.approx(call_s) and timing.to_dict()["calls_per_sample"] == calls
         assert timing.host_bound is False and timing.to_dict()["host_median_s"] == pytest.approx(call_s / 2)
+
+
+def test_isolated_cuda_timing_plan():
+    """isolate=True: a graph for calls under a millisecond, an L2 flush for working sets under 2x
+    the L2 (an fp8 cache at B=1, S=16k reads 32 MiB, under an H100's 50 MiB L2), both for both."""
+    l2 = 50 * 2**20
+    assert measure.cuda_plan(30e-6, 32 * 2**20, l2) == {
+        "graph": True, "flush": True, "method": "cuda graph of (L2 flush, call) pairs, flushes subtracted"}
+    assert measure.cuda_plan(30e-6, 1 * 2**30, l2)["method"] == "cuda graph (triton.testing.do_bench_cudagraph)"
+    assert measure.cuda_plan(5e-3, 64 * 2**20, l2)["method"].startswith("events, L2 flushed")
+    assert measure.cuda_plan(5e-3, 4 * 2**30, l2) == {"graph": False, "flush": False, "method": "events"}
+    assert measure.cuda_plan(5e-3, None, l2)["flush"] is False and measure.cuda_plan(5e-3, 1.0, None)["flush"] is False
+    assert measure.l2_resident(99 * 2**20, l2) and not measure.l2_resident(100 * 2**20, l2)
+    assert measure.l2_resident(None, l2) is None and measure.l2_resident(1.0, None) is None
+
+
+def test_isolated_timing_goes_through_the_plan_on_cuda(monkeypatch):
+    """No GPU needed: the CUDA pieces are stand-ins; the chosen route's samples become the Timing,
+    named by its method, with no host times (launch cost is not in them)."""
+    routes = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(measure, "_cuda_calls_s", lambda fn, n: (n * 30e-6, n * 50e-6))  # 30 us kernel, 50 us host
+    monkeypatch.setattr(measure, "l2_bytes", lambda device: 50 * 2**20)
+    monkeypatch.setattr(measure, "_graph_flush_samples_s", lambda fn, n: routes.append("graph+flush") or [30e-6] * n)
+    timing = measure.time_fn(lambda: None, "cuda", warmup=1, repeats=4, isolate=True, working_set_bytes=32 * 2**20)
+    assert routes == ["graph+flush"] and timing.median_s == pytest.approx(30e-6)
+    assert timing.l2_flushed is True and timing.host_bound is None and "flush" in timing.method
+    plain = measure.time_fn(lambda: None, "cuda", warmup=1, repeats=4)  # not isolated: events, host time kept
+    assert plain.method == "events" and plain.l2_flushed is False and plain.host_bound is True
+    monkeypatch.setattr(measure, "_graph_flush_samples_s", lambda fn, n: [-1e-6] * n)
+    with pytest.raises(LabError, match="every sample was <= 0 s"):
+        measure.time_fn(lambda: None, "cuda", warmup=0, repeats=3, isolate=True, working_set_bytes=1.0)
 
 
 def test_host_bound_when_issuing_takes_as_long_as_the_gpu():
