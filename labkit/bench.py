@@ -12,8 +12,8 @@ set included), then measures on the lab's model for this device (`sizes.lab_sett
     prefill        prefill P = 1,024, 2,048, 4,096
 
 each with `sweeps.bracketed` (the bandwidth read just before and after, at the point's working
-set), and writes every point, the calibration it was judged by, the machine's load average and
-the provenance (`recordings.write_recording`, never overwriting). `ratios` puts the measured
+set), and writes every point, the calibration it was judged by, the machine's load (its load
+average, and the share of the cores other processes kept busy meanwhile) and the provenance (`recordings.write_recording`, never overwriting). `ratios` puts the measured
 gains beside the roofline's: tokens/s at B = 16 over B = 1, and each cache dtype's step time
 over fp32's (the issue's targets for a CPU decode step that batches and a cache dtype lever
 that works).
@@ -54,7 +54,7 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     settings = sizes.lab_settings(here.device)
     spec = get_model(model or settings["model"])
     steps = steps if steps is not None else bench_steps(here.device, settings["cache_dtype"])
-    load_before = _load_average()
+    load_before, busy_from = _load_average(), calibrate.load_snapshot()
     hardware, info = calibrate.load_or_calibrate(here.device, refresh=True, log=log)
     log(calibrate.describe(hardware, info))
     points = []
@@ -64,6 +64,8 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     payload = {"phase": "bench", "device": here.device, "model": spec.name, "compute_dtype": here.compute_dtype,
                "issue": 13, "calibration": _calibration_summary(hardware, info),
                "load_average": {"before": load_before, "after": _load_average()},
+               # the share of all cores other processes kept busy over the whole run (None: not known here)
+               "others_busy_share": calibrate.others_busy_share(busy_from),
                "tables": {t: [row(p) for p in points if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
                "ratios": ratios(points), "points": points}
     path = write_recording(out, f"bench-{here.device}", payload)

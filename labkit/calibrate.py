@@ -106,7 +106,7 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
     """Measure `device` ("cpu" | "cuda") now; return its calibrated HardwareSpec and provenance."""
     kind = _kind(device)
     plan = plan or PLANS[kind]
-    start_s, load = time.perf_counter(), _load_snapshot()
+    start_s, load = time.perf_counter(), load_snapshot()
     caches = machine_caches(kind)
     sizes = working_set_sizes(top_bytes(plan, caches), caches[-1][1] if caches else None, plan.step)
     curve = bandwidth_by_working_set(kind, sizes, plan)
@@ -115,7 +115,7 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
         torch.cuda.empty_cache()
     noisy = [f"bandwidth at {p['bytes'] / MIB:,.1f} MiB" for p in curve if p["noisy"]]
     noisy += [f"{dtype} matmul" for dtype, result in matmul.items() if result.get("noisy")]
-    others = _others_busy_share(load) if kind == "cpu" else None
+    others = others_busy_share(load) if kind == "cpu" else None
     if others is not None and others > OTHERS_BUSY_LIMIT:
         noisy.append(f"other processes kept {others:.0%} of the cores busy meanwhile")
     info = {**base_provenance(kind), "kind": "calibration", "plan": dataclasses.asdict(plan),
@@ -133,17 +133,17 @@ def _kind(device) -> str:
     return torch.device(getattr(device, "device", device)).type
 
 
-def _load_snapshot() -> tuple[float, float | None, float]:
+def load_snapshot() -> tuple[float, float | None, float]:
     """(wall clock, CPU seconds of all processes, CPU seconds of this one) now."""
     own = os.times()
     return time.monotonic(), cpu_info.cpu_busy_s(), own.user + own.system
 
 
-def _others_busy_share(start: tuple) -> float | None:
+def others_busy_share(start: tuple) -> float | None:
     """The share of all cores that other processes (and a VM's neighbours, through steal time)
     kept busy since `start`: a confirmed figure can still be a busy machine's, when the load was
     steady. None where the OS does not say (no /proc/stat)."""
-    end = _load_snapshot()
+    end = load_snapshot()
     if start[1] is None or end[1] is None:
         return None
     wall_s = max(end[0] - start[0], 1e-9)

@@ -217,7 +217,8 @@ def run_bench(args) -> dict:
     from . import bench  # the model, torch and the calibration: only `bench` needs them
     path, payload = bench.run_bench(args.device, args.out or bench.DEFAULT_OUT, args.model, log=_stderr)
     return {"recording": str(path), "device": payload["device"], "model": payload["model"],
-            "tables": payload["tables"], "ratios": payload["ratios"], "load_average": payload["load_average"]}
+            "tables": payload["tables"], "ratios": payload["ratios"], "load_average": payload["load_average"],
+            "others_busy_share": payload["others_busy_share"]}
 
 
 def _stderr(message: str):

@@ -41,6 +41,7 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     assert path == tmp_path / "rec" / "bench-cpu.json"
     saved = json.loads(path.read_text())
     assert saved["phase"] == "bench" and saved["model"] == "lab-tiny" and saved["device"] == "cpu"
+    assert 0 <= saved["others_busy_share"] <= 1 and len(saved["load_average"]["before"]) == 3  # the machine's load
     for key in ("device_name", "torch", "date", "command", "git_commit", "threads"):
         assert key in saved["provenance"], key
     assert [len(saved["tables"][t]) for t in ("decode_batch", "cache_dtype", "prefill")] == [2, 2, 1]
