@@ -1,17 +1,27 @@
-"""The CPU decode step in numpy: the same layers as `model.Llama.decode_layers`, with fewer, cheaper calls.
+"""The CPU decode step: the same layers as `model.Llama.decode_layers`, with fewer, cheaper calls,
+each weight read once for all B rows and the cache read as stored.
 
-Why it exists: a decode step of the lab's CPU model is 17 small matrix-vector products and ~200
-elementwise operations on vectors of a few hundred numbers, and each torch call costs far more
-in dispatch and OpenMP wake-ups than a numpy call on the same arrays, so at small batches the
-fixed cost of torch's calls is a large part of the step (at large batches the products dominate
-and the two steps take the same time).
+Why it exists: a decode step of the lab's CPU model is 17 small products and ~200 elementwise
+operations on vectors of a few hundred numbers. Issued as torch calls, dispatch and thread
+wake-ups are a large part of a small step; as plain BLAS calls, every few-row product first
+copies (packs) its whole weight; and a compact cache widened to fp32 before attention is read
+more than once. So here:
 
-Nothing is copied: the weights are numpy views of the model's tensors. An fp32 cache at equal
-lengths is written and read here through numpy views of its own buffers; over a large cache
-every core attends for a share of the (row, kv head) pairs, each with BLAS's gemv (see
-`_attend`). A compact cache or mixed lengths go through `KVCache.update` (which quantises) and
-the model's torch attention, on views of the same arrays. `tests/test_model.py` holds this step
-to the torch step for every cache dtype and each of these branches.
+  * elementwise work runs as numpy calls (far cheaper per call than torch's);
+  * the 17 products run on weights prepared once (`cpu_linear`: MKL's packed weights on an
+    Intel CPU, numba's few-row kernel elsewhere, numpy's BLAS without numba), so the step reads
+    each weight once whatever B is, as the roofline counts;
+  * attention is `cpu_kernels.decode_attention` on the cache's own buffers for every cache dtype
+    and for rows of different lengths: fp32, bf16, fp8 or int8 read as stored and widened in
+    registers, as the GPU kernels do, so a step reads the bytes `roofline.kv_bytes_per_token`
+    counts. Without numba, the earlier attentions stay (`_attention`, and the model's torch
+    attention for a compact cache or mixed lengths).
+
+Nothing is copied from the model but what `cpu_linear` prepares: the elementwise weights are
+numpy views of the model's tensors. An fp32 cache at equal lengths is written here through numpy
+views of its buffers; every other cache through `KVCache.update` (which quantises).
+`tests/test_model.py` holds this step to the torch step for every cache dtype, both kinds of
+lengths, and each forced choice of products and attention.
 
 Shapes: tokens [B]; x [B, d]; qkv [B, H + 2 Hkv, dh]; K, V [B, Hkv, S, dh]; logits [B, V] fp32.
 """
@@ -20,39 +30,59 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .cpu_blas import CORES, blas_matmul, on_every_core
+from . import cpu_kernels, cpu_linear
+from .cpu_blas import CORES, on_every_core
+from .errors import LabError
 
 ATTENTION_SPLIT_MIN_BYTES = 2 << 20  # K+V a step reads in one layer from which every core attends
+ATTENTIONS = ("numba", "numpy")
+# How a cache's buffers reach the numba kernel: numpy has no bf16 or fp8, so those go as their bits.
+# (torch view, numpy view) of the buffers: bf16 as uint16 bits, fp16 as int16 bits, fp8 as uint8 bits.
+AS_STORED = {"fp32": (torch.float32, np.float32), "bf16": (torch.int16, np.uint16),
+             "fp16": (torch.int16, np.int16), "fp8": (torch.uint8, np.uint8), "int8": (torch.int8, np.int8)}
+NO_SCALES = np.ones((1, 1, 1, 1), np.float32)  # [L, B, Hkv, S] stand-in for a cache without per-token scales
 
 
 def applies(model) -> tuple[bool, str]:
-    """(use the numpy step?, why): only for fp32 on the CPU with the torch ops (numpy has no
-    bf16, and the Triton path is what the CUDA model and the interpreter tests run)."""
+    """(use this step?, why): only for fp32 on the CPU with the torch ops (numpy has no bf16,
+    and the Triton path is what the CUDA model and the interpreter tests run)."""
     if model.device.type != "cpu":
         return False, "not on the CPU"
     if model.compute_dtype != "fp32":
-        return False, f"compute dtype {model.compute_dtype} (numpy has fp32 only)"
+        return False, f"compute dtype {model.compute_dtype} (the CPU step is fp32)"
     if model.ops.name != "torch":
         return False, f"{model.ops.name} kernels asked for"
-    return True, "CPU, fp32: numpy decode step"
+    return True, "CPU, fp32"
 
 
-class NumpyDecode:
-    """A decode path (see `decode_paths`) for a CPU fp32 `Llama`: `step(tokens, cache, plan)`
-    runs the layers as numpy calls on views of the model's weights (see the module docstring)."""
+class CpuDecode:
+    """A decode path (see `decode_paths`) for a CPU fp32 `Llama`: `step(tokens, cache, plan)` runs
+    the layers as numpy calls, products prepared by `cpu_linear`, attention by `cpu_kernels`.
 
-    name = "numpy"
+    `linear` ("mkl" | "numba" | "blas") and `attention` ("numba" | "numpy") force a choice
+    (tests compare each with the torch step); by default the fastest that applies here."""
 
-    def __init__(self, model, reason: str = "CPU, fp32: numpy decode step"):
-        self.model, self.reason = model, reason
+    def __init__(self, model, reason: str = "CPU, fp32", linear: str | None = None,
+                 attention: str | None = None):
+        self.model = model
         view = lambda w: w.detach().numpy()  # noqa: E731 — shares memory with the model's tensor
-        # [in, out] views of the [out, in] weights: contiguous, as the CPU model stores them
-        self.layers = [(view(L.attn_norm), view(L.wqkv).T, view(L.wo).T, view(L.mlp_norm),
-                        view(L.w_gate_up).T, view(L.w_down).T) for L in model.layers]
+        # the 17 products: per layer wqkv, wo, w_gate_up, w_down; then the head
+        weights = [w for L in model.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)] + [model.head_weight]
+        self.products = cpu_linear.prepare(weights, linear)
+        self.norms = [(view(L.attn_norm), view(L.mlp_norm)) for L in model.layers]  # [d] each
         self.embed, self.norm = view(model.embed), view(model.norm)  # [V, d], [d]
-        self.head = view(model.head_weight).T  # [d, V]
         # the torch step's own fp32 frequencies, so the angles match it bit for bit
         self.inv_freq = model.rope_inv_freq.numpy()  # [dh/2]
+        attention = attention or ("numba" if cpu_kernels.AVAILABLE else "numpy")
+        if attention not in ATTENTIONS or (attention == "numba" and not cpu_kernels.AVAILABLE):
+            raise LabError(f"attention {attention!r} unavailable: known {', '.join(ATTENTIONS)}"
+                           + ("" if cpu_kernels.AVAILABLE else "; numba is not installed"))
+        self.attention = attention
+        pair = (self.products.name, attention)
+        self.name = {("blas", "numpy"): "numpy", ("numba", "numba"): "numba"}.get(pair, "+".join(pair))
+        self.reason = (f"{reason}: products by {self.products.reason}; attention by "
+                       + ("numba's kernel over the cache as stored" if attention == "numba"
+                          else "numpy (fp32, equal lengths) or torch (numba not installed)"))
 
     def release(self):
         """Nothing to drop: the step holds no state tied to a cache."""
@@ -60,36 +90,76 @@ class NumpyDecode:
     def step(self, tokens, cache, plan) -> torch.Tensor:
         """tokens [B] -> logits [B, V] fp32, writing each row's K/V into `cache` as `plan` says
         (`KVCache.decode_plan`); the cache's lengths are the caller's to advance."""
-        model, spec = self.model, self.model.spec
+        spec, mm = self.model.spec, self.products
         positions, max_length, mixed = plan
         B, H, Hkv, dh = tokens.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
         cos, sin = self._rope(at)  # [B or 1, 1, dh]
-        # An fp32 cache at equal lengths: K/V written and read here, through numpy views of the
-        # cache's own buffers [L, B, Hkv, T, dh]; otherwise the cache quantises and torch attends.
-        here = not mixed and cache.cache_dtype == "fp32"
-        if here:
-            K_all, V_all = cache.k.numpy(), cache.v.numpy()
-        else:
-            attend = cache.lengths + 1  # [B] keys each query sees, the new one included
+        # An fp32 cache at equal lengths is written here, through numpy views of its buffers
+        # [L, B, Hkv, T, dh]; any other through KVCache.update, which quantises.
+        write_here = not mixed and cache.cache_dtype == "fp32"
+        K_all, V_all = cache.k.numpy() if write_here else None, cache.v.numpy() if write_here else None
+        attend = self._reader(cache, mixed, max_length)
         x = self.embed[tokens.numpy()]  # [B, d]
-        for i, (attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down) in enumerate(self.layers):
-            qkv = blas_matmul(self._rms(x, attn_norm), wqkv).reshape(B, H + 2 * Hkv, dh)
+        for i, (attn_norm, mlp_norm) in enumerate(self.norms):
+            qkv = mm(4 * i, self._rms(x, attn_norm)).reshape(B, H + 2 * Hkv, dh)
             qk = self._rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
-            if here:
+            if write_here:
                 K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
-                o = self._attention(qk[:, :H], K_all[i, :, :, :max_length], V_all[i, :, :, :max_length])
             else:
                 k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
                 cache.update(i, k, v, positions)
-                o = model.ops.decode_attention(torch.from_numpy(qk[:, :H]), cache, i, attend, max_length,
-                                               mixed).numpy()
-            x = x + blas_matmul(o.reshape(B, H * dh), wo)
-            gate_up = blas_matmul(self._rms(x, mlp_norm), w_gate_up)  # [B, 2 ffn]
+            o = attend(i, qk[:, :H])  # [B, H, dh]
+            x = x + mm(4 * i + 1, o.reshape(B, H * dh))
+            gate_up = mm(4 * i + 2, self._rms(x, mlp_norm))  # [B, 2 ffn]
             gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
             # silu(g) = g * sigmoid(g), with sigmoid through tanh: no overflow warning for large -g
-            x = x + blas_matmul(gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up, w_down)
-        return torch.from_numpy(blas_matmul(self._rms(x, self.norm), self.head))
+            x = x + mm(4 * i + 3, gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up)
+        return torch.from_numpy(mm(4 * len(self.norms), self._rms(x, self.norm)))
+
+    def _reader(self, cache, mixed, max_length):
+        """attend(layer, q [B, H, dh]) -> [B, H, dh] over each row's cached keys and the new one."""
+        if self.attention == "numba":
+            return self._numba_reader(cache, mixed, max_length)
+        if not mixed and cache.cache_dtype == "fp32":
+            K_all, V_all = cache.k.numpy(), cache.v.numpy()
+            return lambda i, q: self._attention(q, K_all[i, :, :, :max_length], V_all[i, :, :, :max_length])
+        lengths = cache.lengths + 1  # [B] keys each query sees, the new one included
+        return lambda i, q: self.model.ops.decode_attention(torch.from_numpy(q), cache, i, lengths, max_length,
+                                                            mixed).numpy()
+
+    def _numba_reader(self, cache, mixed, max_length):
+        """`cpu_kernels.decode_attention` on numpy views of the cache's buffers, as stored."""
+        as_torch, as_numpy = AS_STORED[cache.cache_dtype]
+        K_all, V_all = (t.view(as_torch).numpy().view(as_numpy) for t in (cache.k, cache.v))  # [L, B, Hkv, S, dh]
+        per_token = cache.cache_dtype == "int8"
+        k_scales, v_scales = ((cache.k_scale.numpy(), cache.v_scale.numpy()) if per_token
+                              else (NO_SCALES, NO_SCALES))  # [L, B, Hkv, S]
+        per_layer = cache.cache_dtype == "fp8"  # one scale per layer for K and for V
+        lengths = (cache.lengths.numpy() + 1 if mixed  # [B] keys each row sees, the new one included
+                   else np.full(cache.batch, max_length, np.int32))
+        spec = self.model.spec
+        G, scale = spec.n_heads // spec.n_kv_heads, np.float32(spec.head_dim ** -0.5)
+
+        units = cache.batch * spec.n_kv_heads  # the kernel's tasks: one (row, kv head) each
+        read_bytes = 2 * int(lengths.sum()) * spec.n_kv_heads * spec.head_dim * K_all.itemsize  # K + V, one layer
+        parts = 1 if read_bytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2 or units < 2 else min(units, CORES)
+
+        def attend(i, q):
+            B, H, dh = q.shape
+            qg = (q * scale).reshape(B, H // G, G, dh)  # [B, Hkv, G, dh], pre-scaled
+            out = np.empty_like(qg)
+            k_all = np.float32(cache.k_scale[i]) if per_layer else np.float32(1)
+            v_all = np.float32(cache.v_scale[i]) if per_layer else np.float32(1)
+            layer = i if per_token else 0
+            args = (qg, K_all[i], V_all[i], per_token, k_scales[layer], v_scales[layer], k_all, v_all, lengths, out)
+            if parts == 1:
+                cpu_kernels.decode_attention(*args, 0, units)
+            else:  # a large cache: every core attends for a share of the units
+                on_every_core(lambda p: cpu_kernels.decode_attention(*args, units * p // parts,
+                                                                     units * (p + 1) // parts), parts)
+            return out.reshape(B, H, dh)
+        return attend
 
     def _rms(self, x, weight):
         """x / rms(x) * weight over the last axis, fp32, as `model.rms_norm` (the sum of squares by

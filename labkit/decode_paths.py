@@ -2,14 +2,16 @@
 
     path = choose_decode_path(model)     # at construction; `model.decode_path`
     logits = path.step(tokens, cache, cache.decode_plan())
-    path.name     # "numpy" | "torch" | "triton" | "triton+graph": a decode point's "kernels"
+    path.name     # "mkl+numba" | "numba" | "numpy" | "torch" | "triton" | "triton+graph": a decode
+                  # point's "kernels" (the CPU step's: its products + its attention, see cpu_decode)
     path.reason   # why this path (and why not the others): a decode point's "decode_reason"
 
 The same arithmetic, three ways to issue it, because a decode step is many small operations and
 what issuing each one costs depends on the machine:
 
-  `cpu_decode.NumpyDecode`        CPU, fp32: the layers as numpy calls, far cheaper per call than
-                                  torch's;
+  `cpu_decode.CpuDecode`          CPU, fp32: the layers as numpy calls, far cheaper per call than
+                                  torch's, each weight read once for all rows (`cpu_linear`), the
+                                  cache read as stored (`cpu_kernels`);
   `graphed_decode.GraphedDecode`  CUDA with the Triton ops: the step captured once per cache as a
                                   CUDA graph and replayed, one launch instead of ~1,000;
   `EagerDecode`                   everything else (bf16 on a CPU, the Triton ops in the
@@ -56,12 +58,12 @@ class EagerDecode:
 
 
 def choose_decode_path(model) -> DecodePath:
-    """The numpy step where it applies, else the CUDA graph where it applies, else the eager
+    """The CPU step where it applies, else the CUDA graph where it applies, else the eager
     step; the reason names each condition that decided it."""
-    numpy_ok, numpy_why = cpu_decode.applies(model)
-    if numpy_ok:
-        return cpu_decode.NumpyDecode(model, numpy_why)
+    cpu_ok, cpu_why = cpu_decode.applies(model)
+    if cpu_ok:
+        return cpu_decode.CpuDecode(model, cpu_why)
     graph_ok, graph_why = graphed_decode.applies(model)
     if graph_ok:
-        return graphed_decode.GraphedDecode(model, before=numpy_why)
-    return EagerDecode(model, f"{numpy_why}; {graph_why}")
+        return graphed_decode.GraphedDecode(model, before=cpu_why)
+    return EagerDecode(model, f"{cpu_why}; {graph_why}")

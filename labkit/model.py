@@ -20,11 +20,11 @@ x += down(silu(gate(n(x))) * up(n(x))). q/k/v are one fused matrix `wqkv` and ga
 `w_gate_up` (as gpt-fast and vLLM store them: one matmul reads the normed x once).
 
 What runs each operation is chosen once, at construction: `ops` (torch on the CPU, the lab's
-Triton kernels on CUDA) and `decode_paths` (how a decode step is issued: numpy calls on a CPU in
-fp32, a replayed CUDA graph on CUDA, else this file's `decode_layers`). On a CPU a decode step
-stays below the memory's bandwidth mostly for fixed costs — hundreds of small calls, a few-row
-product's packing of the weight, phases that run one after another instead of overlapping —
-which is why the numpy step and `cpu_blas` exist.
+Triton kernels on CUDA) and `decode_paths` (how a decode step is issued: the CPU step on a CPU in
+fp32, a replayed CUDA graph on CUDA, else this file's `decode_layers`). Issued as torch calls, a
+CPU decode step stays below the memory's bandwidth for fixed costs — hundreds of small calls, a
+few-row product's packing of the weight at every call, a compact cache widened before it is read
+— which is why the CPU step (`cpu_decode`, with `cpu_linear` and `cpu_kernels`) exists.
 
 Shapes: tokens [B, P] int64; x [B, P, d]; q [B, H, P, dh]; k, v [B, Hkv, P, dh]; logits [B, V] fp32.
 """

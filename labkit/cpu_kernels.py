@@ -1,0 +1,297 @@
+"""The CPU decode step's two kernels, compiled by numba, each with its numpy reference beside it.
+
+What you learn here (the CPU counterpart of kernels/, where the GPU's Triton kernels live):
+  * a few-row product reads each weight row ONCE for all B rows: `few_rows_linear` walks the
+    weight's output rows in groups of 4 and, for every 4 rows of x, keeps the 4 x 4 dot products
+    in registers, so the weight streams from memory once per call whatever B is (a BLAS gemm packs
+    the weight into its own tiles first, and for a few rows that copy costs more than the product);
+  * decode attention reads the cache AS STORED and widens each value in registers
+    (`decode_attention`): bf16 is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent
+    and mantissa, int8 a conversion times its token's scale, so the bytes a step reads are the
+    bytes `roofline.kv_bytes_per_token` counts, not an fp32 copy made first.
+
+Pseudocode of the attention, one (row b, kv head h) unit per task, G = H / Hkv queries per unit:
+    n = lengths[b]                                   # keys this row sees, the new one included
+    s[g, t] = (q[g] . widen(K[t])) * k_scale[t]      # t < n; q pre-scaled by 1/sqrt(dh)
+    p[g, t] = exp(s[g, t] - max_t s[g]) * v_scale[t] # int8: per token; fp8: one per layer, below
+    out[g]  = sum_t p[g, t] widen(V[t]) / sum_t exp(s[g, t] - max_t s[g])
+
+Storage the kernels read (numpy has no bf16 or fp8, so those travel as their bits):
+  fp32 -> float32; bf16 -> uint16 (its bits); fp16 -> int16 (its bits); fp8 e4m3 -> uint8 (its
+  bits); int8 -> int8.
+
+numba is pinned in requirements.txt but not a core dependency (a GPU image need not have it):
+`AVAILABLE` says whether the kernels exist; without numba the CPU step keeps its numpy path.
+Compiled code is cached beside this file (numba's `cache=True`), so a new process loads it. The
+kernels run on the calling thread and release the GIL: callers split the work across cores with
+`cpu_blas.on_every_core` (one pool for the whole step, the caller's thread working too).
+
+Shapes: x [B, K]; w [N, K] (a linear's [out, in] weight, contiguous); q, out [B, Hkv, G, dh];
+K, V [B, Hkv, S_max, dh]; int8 scales [B, Hkv, S_max]; lengths [B].
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import numba
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic, overload
+except ImportError:  # the core installs without numba (a GPU image): the CPU step keeps numpy's path
+    numba = None
+
+AVAILABLE = numba is not None
+
+
+# ------------------------------------------------------------------ references (numpy)
+def few_rows_linear_reference(x, w):
+    """x [B, K] @ w [N, K].T -> [B, N] fp32, the product `few_rows_linear` computes."""
+    return (x.astype(np.float64) @ w.astype(np.float64).T).astype(np.float32)
+
+
+def widen_reference(stored):
+    """A cache block as stored (float32, uint16 bf16 bits, int16 fp16 bits, uint8 fp8 bits, int8
+    codes) -> fp32,
+    by torch's own casts (an independent check of the kernels' bit tricks)."""
+    import torch  # only the reference needs torch's bf16/fp8 casts; the kernels never do
+    t = torch.from_numpy(np.ascontiguousarray(stored))
+    if stored.dtype == np.uint16:
+        t = t.view(torch.bfloat16)
+    elif stored.dtype == np.int16:
+        t = t.view(torch.float16)
+    elif stored.dtype == np.uint8:
+        t = t.view(torch.float8_e4m3fn)
+    return t.float().numpy()
+
+
+def decode_attention_reference(q, k, v, k_scale, v_scale, lengths):
+    """The attention of the module docstring in float64 numpy: q [B, Hkv, G, dh] (pre-scaled),
+    k, v as stored [B, Hkv, S_max, dh], k_scale/v_scale per token [B, Hkv, S_max] or a number,
+    lengths [B] -> [B, Hkv, G, dh] fp32."""
+    K, V = widen_reference(k).astype(np.float64), widen_reference(v).astype(np.float64)
+    out = np.zeros(q.shape, np.float64)
+    for b, n in enumerate(lengths):
+        ks = k_scale[b, :, None, :n] if np.ndim(k_scale) else k_scale  # [Hkv, 1, n] or a number
+        vs = v_scale[b, :, :n, None] if np.ndim(v_scale) else v_scale  # [Hkv, n, 1] or a number
+        s = q[b].astype(np.float64) @ K[b, :, :n].transpose(0, 2, 1) * ks  # [Hkv, G, n]
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out[b] = p @ (V[b, :, :n] * vs) / p.sum(-1, keepdims=True)
+    return out.astype(np.float32)
+
+
+# ------------------------------------------------------------------ kernels (numba)
+if AVAILABLE:
+    @intrinsic
+    def _bits_as_float32(typingctx, bits):
+        """The fp32 whose bits are the low 32 bits of the integer `bits` (a register
+        reinterpretation; numba widens integer arithmetic to 64 bits, so the high half is dropped)."""
+        if not isinstance(bits, types.Integer) or bits.bitwidth < 32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            low = args[0] if bits.bitwidth == 32 else builder.trunc(args[0], ir.IntType(32))
+            return builder.bitcast(low, ir.FloatType())
+        return types.float32(bits), codegen
+
+    @intrinsic
+    def _half_bits_as_float32(typingctx, bits):
+        """The fp32 value of the fp16 whose bits are the low 16 bits of the integer `bits`."""
+        if not isinstance(bits, types.Integer) or bits.bitwidth < 16:
+            return None
+
+        def codegen(context, builder, signature, args):
+            low = args[0] if bits.bitwidth == 16 else builder.trunc(args[0], ir.IntType(16))
+            return builder.fpext(builder.bitcast(low, ir.HalfType()), ir.FloatType())
+        return types.float32(bits), codegen
+
+    def widen(code):
+        """One stored cache value -> fp32 (see the module docstring); typed per storage."""
+
+    @overload(widen)
+    def _widen(code):
+        if code == types.float32:
+            return lambda code: code
+        if code == types.uint16:  # bf16: the high half of an fp32
+            return lambda code: _bits_as_float32(np.uint32(code) << np.uint32(16))
+        if code == types.int16:  # fp16: its bits, converted by the CPU
+            return lambda code: _half_bits_as_float32(code)
+        if code == types.int8:
+            return lambda code: np.float32(code)
+        if code == types.uint8:  # fp8 e4m3 (sign 1, exponent 4 with bias 7, mantissa 3)
+            def fp8(code):
+                # Its 7 exponent-and-mantissa bits shifted left by 7 are the fp16 of the same value
+                # times 2^-8 (bias 15 vs 7; e4m3's subnormals land on fp16's), exact for every finite
+                # code; the CPU converts fp16 to fp32 in one instruction.
+                bits = (np.uint32(code & np.uint8(0x80)) << np.uint32(8)) | (np.uint32(code & np.uint8(0x7F)) << np.uint32(7))
+                return _half_bits_as_float32(bits) * np.float32(256.0)
+            return fp8
+        return None
+
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def few_rows_linear(x, w, out, first, stop):
+        """out[:, 4 first : 4 stop] of x [B, K] @ w [N, K].T, every weight row read once for all
+        B rows; groups `first` .. `stop` - 1 of 4 output columns (callers share the groups of
+        one product out to threads: the GIL is released, `cpu_linear`).
+
+        A group is 4 weight rows (4 KiB at K = 256, in L1 while every 4 rows of x pass over
+        them) and 16 accumulators per 4 x 4 tile; LLVM vectorises the k loop (fastmath lets it
+        reorder the sums)."""
+        B, K = x.shape
+        N = w.shape[0]
+        for group in range(first, stop):
+            j = group * 4
+            if j + 4 > N:  # the last, partial group
+                for jj in range(j, N):
+                    for b in range(B):
+                        acc = np.float32(0)
+                        for k in range(K):
+                            acc += x[b, k] * w[jj, k]
+                        out[b, jj] = acc
+                continue
+            b = 0
+            while b + 4 <= B:
+                a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
+                a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0)
+                for k in range(K):
+                    w0, w1, w2, w3 = w[j, k], w[j + 1, k], w[j + 2, k], w[j + 3, k]
+                    x0, x1, x2, x3 = x[b, k], x[b + 1, k], x[b + 2, k], x[b + 3, k]
+                    a00 += x0 * w0; a01 += x0 * w1; a02 += x0 * w2; a03 += x0 * w3  # noqa: E702
+                    a10 += x1 * w0; a11 += x1 * w1; a12 += x1 * w2; a13 += x1 * w3  # noqa: E702
+                    a20 += x2 * w0; a21 += x2 * w1; a22 += x2 * w2; a23 += x2 * w3  # noqa: E702
+                    a30 += x3 * w0; a31 += x3 * w1; a32 += x3 * w2; a33 += x3 * w3  # noqa: E702
+                out[b, j], out[b, j + 1], out[b, j + 2], out[b, j + 3] = a00, a01, a02, a03
+                out[b + 1, j], out[b + 1, j + 1], out[b + 1, j + 2], out[b + 1, j + 3] = a10, a11, a12, a13
+                out[b + 2, j], out[b + 2, j + 1], out[b + 2, j + 2], out[b + 2, j + 3] = a20, a21, a22, a23
+                out[b + 3, j], out[b + 3, j + 1], out[b + 3, j + 2], out[b + 3, j + 3] = a30, a31, a32, a33
+                b += 4
+            while b < B:  # the last rows, one at a time against the same 4 weight rows
+                a0 = a1 = a2 = a3 = np.float32(0)
+                for k in range(K):
+                    xv = x[b, k]
+                    a0 += xv * w[j, k]; a1 += xv * w[j + 1, k]  # noqa: E702
+                    a2 += xv * w[j + 2, k]; a3 += xv * w[j + 3, k]  # noqa: E702
+                out[b, j], out[b, j + 1], out[b, j + 2], out[b, j + 3] = a0, a1, a2, a3
+                b += 1
+
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def decode_attention(q, k, v, per_token, k_scale, v_scale, k_scale_all, v_scale_all, lengths, out,
+                         first, stop):
+        """out [B, Hkv, G, dh] = the attention of the module docstring over a cache as stored, for
+        the (row, kv head) units `first` .. `stop` - 1 of the B * Hkv (callers share them out to
+        threads: the GIL is released, `cpu_decode`).
+
+        per_token: int8's per-token scales k_scale, v_scale [B, Hkv, S_max] apply (else they are
+        not read: pass any [1, 1, 1] float32 array); k_scale_all, v_scale_all: fp8's per-layer
+        scale (1.0 for the others)."""
+        Hkv = q.shape[1]
+        for unit in range(first, stop):
+            b, h = unit // Hkv, unit % Hkv
+            ks = k_scale[b, h] if per_token else k_scale[0, 0]
+            vs = v_scale[b, h] if per_token else v_scale[0, 0]
+            if q.shape[2] == 2:  # the lab's CPU models: 2 queries per kv head
+                _attend_pair(q[b, h], k[b, h], v[b, h], per_token, ks, vs, k_scale_all, v_scale_all,
+                             lengths[b], out[b, h])
+            else:
+                _attend_one(q[b, h], k[b, h], v[b, h], per_token, ks, vs, k_scale_all, v_scale_all,
+                            lengths[b], out[b, h])
+
+    @numba.njit(fastmath=True, cache=True)
+    def _attend_pair(q, k, v, per_token, k_scale, v_scale, k_scale_all, v_scale_all, n, out):
+        """`_attend_one` for G = 2, the two queries in one loop: each widened key or value feeds
+        both from a register (about 1.4x the keys per second of the general loop)."""
+        dh = q.shape[1]
+        q0, q1 = q[0], q[1]
+        s0, s1 = np.empty(n, np.float32), np.empty(n, np.float32)
+        for t in range(n):  # scores: one pass over K
+            key = k[t]
+            a0 = a1 = np.float32(0)
+            for d in range(dh):
+                r = widen(key[d])
+                a0 += q0[d] * r
+                a1 += q1[d] * r
+            scale = k_scale[t] * k_scale_all if per_token else k_scale_all
+            s0[t], s1[t] = a0 * scale, a1 * scale
+        top0, top1 = s0.max(), s1.max()
+        total0 = total1 = np.float32(0)
+        for t in range(n):  # softmax numerators in place; int8's V scales folded into them
+            p0, p1 = exp_nonpositive(s0[t] - top0), exp_nonpositive(s1[t] - top1)
+            total0 += p0
+            total1 += p1
+            scale = v_scale[t] if per_token else np.float32(1)
+            s0[t], s1[t] = p0 * scale, p1 * scale
+        o0, o1 = np.zeros(dh, np.float32), np.zeros(dh, np.float32)
+        for t in range(n):  # p @ V: one pass over V
+            value = v[t]
+            p0, p1 = s0[t], s1[t]
+            for d in range(dh):
+                r = widen(value[d])
+                o0[d] += p0 * r
+                o1[d] += p1 * r
+        f0, f1 = v_scale_all / total0, v_scale_all / total1
+        for d in range(dh):
+            out[0, d], out[1, d] = o0[d] * f0, o1[d] * f1
+
+    @numba.njit(fastmath=True, cache=True)
+    def _attend_one(q, k, v, per_token, k_scale, v_scale, k_scale_all, v_scale_all, n, out):
+        """One (row, kv head): q, out [G, dh]; k, v [S_max, dh] as stored; int8's scales [S_max].
+        Each key and value is widened once into `row` (dh fp32, in L1) and used by all G
+        queries; K and V are read once each."""
+        G, dh = q.shape
+        s = np.empty((G, n), np.float32)
+        row = np.empty(dh, np.float32)
+        for t in range(n):  # scores: one pass over K
+            key = k[t]
+            for d in range(dh):
+                row[d] = widen(key[d])
+            scale = k_scale[t] * k_scale_all if per_token else k_scale_all
+            for g in range(G):
+                acc = np.float32(0)
+                for d in range(dh):
+                    acc += q[g, d] * row[d]
+                s[g, t] = acc * scale
+        denominators = np.empty(G, np.float32)
+        for g in range(G):  # softmax numerators in place; int8's V scales folded into them
+            top = s[g, 0]
+            for t in range(1, n):
+                top = max(top, s[g, t])
+            total = np.float32(0)
+            for t in range(n):
+                p = exp_nonpositive(s[g, t] - top)
+                total += p
+                s[g, t] = p
+            denominators[g] = total
+            if per_token:
+                for t in range(n):
+                    s[g, t] *= v_scale[t]
+        acc_out = np.zeros((G, dh), np.float32)
+        for t in range(n):  # p @ V: one pass over V
+            value = v[t]
+            for d in range(dh):
+                row[d] = widen(value[d])
+            for g in range(G):
+                p = s[g, t]
+                for d in range(dh):
+                    acc_out[g, d] += p * row[d]
+        for g in range(G):
+            factor = v_scale_all / denominators[g]
+            for d in range(dh):
+                out[g, d] = acc_out[g, d] * factor
+
+    @numba.njit(fastmath=True, cache=True)
+    def exp_nonpositive(x):
+        """exp(x) for x <= 0 in fp32, written out so that LLVM vectorises it (numba calls libm's
+        scalar exp otherwise): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor series to
+        r^7 (error < 2e-7 relative), times 2^n built in the exponent bits; below -87 it is 0."""
+        x = max(x, np.float32(-87.0))
+        n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+        r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)  # ln2 in two parts
+        p = np.float32(1.0 / 5040)
+        p = p * r + np.float32(1.0 / 720)
+        p = p * r + np.float32(1.0 / 120)
+        p = p * r + np.float32(1.0 / 24)
+        p = p * r + np.float32(1.0 / 6)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        p = p * r + np.float32(1.0)
+        return p * _bits_as_float32((np.int32(n) + np.int32(127)) << np.int32(23))

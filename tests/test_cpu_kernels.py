@@ -1,0 +1,160 @@
+"""labkit.cpu_kernels against their numpy references, and labkit.cpu_linear's three kinds of
+products against each other: the CPU decode step's products and attention, each forced."""
+import numpy as np
+import pytest
+import torch
+
+from kernels.tolerances import float_tolerance
+from labkit import cpu_kernels, cpu_linear
+from labkit.errors import LabError
+
+numba = pytest.importorskip("numba", reason="the CPU kernels need numba (a pin of requirements.txt)")
+FP32 = dict(zip(("atol", "rtol"), float_tolerance("fp32")))
+STORED = ("fp32", "bf16", "fp16", "fp8", "int8")
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def assert_close(out, ref, what, tol=FP32):
+    err = np.abs(out.astype(np.float64) - ref)
+    np.testing.assert_allclose(out, ref, **tol, err_msg=f"{what}: max abs err {err.max():.3e}, "
+                               f"mean abs err {err.mean():.3e}, tolerance {tol}")
+
+
+# ------------------------------------------------------------------ few_rows_linear
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 16])
+@pytest.mark.parametrize("out_features", [4, 10, 257])
+def test_few_rows_linear_equals_its_reference(rows, out_features):
+    """4 x 4 tiles, the rows past the last 4 and the columns past the last 4, each group range."""
+    x = rng(0).standard_normal((rows, 96), dtype=np.float32)
+    w = rng(1).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
+    ref = cpu_kernels.few_rows_linear_reference(x, w)
+    out = np.full((rows, out_features), np.nan, np.float32)
+    groups = (out_features + 3) // 4
+    cpu_kernels.few_rows_linear(x, w, out, 0, groups // 2)  # two calls, as two threads would share it
+    cpu_kernels.few_rows_linear(x, w, out, groups // 2, groups)
+    assert_close(out, ref, f"{rows} x 96 @ 96 x {out_features}")
+
+
+# ------------------------------------------------------------------ widening the cache as stored
+@numba.njit
+def _widen_all(codes, out):
+    for i in range(codes.shape[0]):
+        out[i] = cpu_kernels.widen(codes[i])
+
+
+@pytest.mark.parametrize("storage", [np.uint8, np.uint16, np.int16, np.int8])
+def test_widen_is_exact_for_every_code(storage):
+    """fp8 (uint8 bits), bf16 (uint16 bits), fp16 (int16 bits), int8: every one of the 256 or
+    65,536 codes widens to torch's own cast, bit for bit (NaN codes aside: the quantisers
+    never write one)."""
+    info = np.iinfo(storage)
+    codes = np.arange(info.min, info.max + 1).astype(storage)
+    out = np.empty(codes.shape, np.float32)
+    _widen_all(codes, out)
+    ref = cpu_kernels.widen_reference(codes)
+    finite = ~np.isnan(ref)
+    assert np.array_equal(out[finite].view(np.uint32), ref[finite].view(np.uint32)), \
+        f"{np.dtype(storage).name}: {(out[finite] != ref[finite]).sum()} codes widen wrongly"
+
+
+@numba.njit
+def _exp_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = cpu_kernels.exp_nonpositive(x[i])
+
+
+def test_exp_nonpositive_is_fp32_accurate():
+    x = -np.concatenate([np.linspace(0, 100, 200_001), rng(2).exponential(3, 10_000)]).astype(np.float32)
+    out = np.empty_like(x)
+    _exp_all(x, out)
+    ref = np.exp(x.astype(np.float64))
+    normal = x > -87
+    relative = np.abs(out[normal] - ref[normal]) / ref[normal]
+    assert relative.max() < 3e-7, f"max relative error {relative.max():.2e} at x = {x[normal][relative.argmax()]}"
+    assert np.all(out[~normal] < 2e-38)  # flushed towards 0 below -87, never negative or NaN
+
+
+# ------------------------------------------------------------------ decode attention
+def stored_cache(kind, shape, seed):
+    """(K or V as stored, its per-token scales or None) from random O(1) values, quantised as
+    KVCache does (kernels.kv_quant's reference for int8/fp8)."""
+    from kernels.kv_quant import quantize_kv_reference
+    x = torch.from_numpy(rng(seed).standard_normal(shape, dtype=np.float32))
+    if kind == "fp32":
+        return x.numpy(), None
+    if kind in ("bf16", "fp16"):
+        bits = x.to(torch.bfloat16 if kind == "bf16" else torch.float16).view(torch.int16).numpy()
+        return (bits.view(np.uint16) if kind == "bf16" else bits), None
+    q, scale = quantize_kv_reference(x, kind)
+    if kind == "fp8":
+        return q.view(torch.uint8).numpy(), None
+    return q.numpy(), scale.numpy()
+
+
+@pytest.mark.parametrize("kind", STORED)
+@pytest.mark.parametrize("G", [2, 1, 3])  # 2: the pair loop the lab's CPU models take; else the general one
+def test_decode_attention_equals_its_reference(kind, G):
+    """Every storage, rows of different lengths (one of them only the new key), fp8's per-layer
+    scales != 1, units split into two ranges as two threads would."""
+    B, Hkv, S, dh = 3, 2, 37, 16
+    lengths = np.array([37, 12, 1], np.int32)
+    q = rng(3).standard_normal((B, Hkv, G, dh), dtype=np.float32) * dh ** -0.5
+    (k, k_scale), (v, v_scale) = stored_cache(kind, (B, Hkv, S, dh), 4), stored_cache(kind, (B, Hkv, S, dh), 5)
+    per_token = k_scale is not None
+    k_all, v_all = (np.float32(0.5), np.float32(2.0)) if kind == "fp8" else (np.float32(1), np.float32(1))
+    none = np.ones((1, 1, 1), np.float32)
+    out = np.full(q.shape, np.nan, np.float32)
+    args = (q, k, v, per_token, k_scale if per_token else none, v_scale if per_token else none, k_all, v_all,
+            lengths, out)
+    cpu_kernels.decode_attention(*args, 0, 3)
+    cpu_kernels.decode_attention(*args, 3, B * Hkv)
+    ref = cpu_kernels.decode_attention_reference(q, k, v, k_scale if per_token else k_all,
+                                                 v_scale if per_token else v_all, lengths)
+    assert_close(out, ref, f"{kind} cache, G = {G}")
+
+
+# ------------------------------------------------------------------ cpu_linear: the three kinds of products
+WEIGHTS = [torch.randn(257, 96, generator=torch.Generator().manual_seed(6)),
+           torch.randn(96, 40, generator=torch.Generator().manual_seed(7)).t().contiguous().t()]  # [in, out] storage
+KINDS = ["numba", "blas", pytest.param("mkl", marks=pytest.mark.skipif(
+    not cpu_linear.mkl_packing_available()[0], reason=cpu_linear.mkl_packing_available()[1]))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_each_kind_of_products_equals_the_reference(kind, rows, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "SINGLE_THREAD_WEIGHT_BYTES", 0)  # numba's shared out to every core too
+    products = cpu_linear.prepare(WEIGHTS, kind)
+    assert products.name == kind and kind in products.reason
+    for i, w in enumerate(WEIGHTS):
+        x = rng(rows).standard_normal((rows, w.shape[1]), dtype=np.float32)
+        ref = cpu_kernels.few_rows_linear_reference(x, w.numpy())
+        assert_close(products(i, x), ref, f"{kind}, weight {i}, {rows} rows")
+
+
+@pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
+def test_mkl_keeps_the_packs_of_the_last_batch_sizes():
+    products = cpu_linear.prepare(WEIGHTS, "mkl")
+    for rows in (1, 4, 16, 4):
+        products(0, np.ones((rows, 96), np.float32))
+    assert list(products.packs) == [16, 4][-cpu_linear.MKL_PACKS_KEPT:]
+
+
+def test_the_choice_of_products(monkeypatch):
+    """MKL's packing only on an Intel CPU; else numba's kernel; else numpy's BLAS; a forced kind
+    that cannot run, or an unknown one, is one clear error; LABKIT_CPU_LINEAR forces too."""
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "AuthenticAMD")
+    kind, why = cpu_linear.choose_kind()
+    assert kind == "numba" and "AuthenticAMD" in why
+    with pytest.raises(LabError, match="'mkl' asked for"):
+        cpu_linear.choose_kind("mkl")
+    monkeypatch.setenv("LABKIT_CPU_LINEAR", "blas")
+    assert cpu_linear.choose_kind()[0] == "blas"
+    with pytest.raises(LabError, match="known: mkl, numba, blas"):
+        cpu_linear.choose_kind("gemm")
+    monkeypatch.delenv("LABKIT_CPU_LINEAR")
+    monkeypatch.setattr(cpu_kernels, "AVAILABLE", False)
+    assert cpu_linear.choose_kind()[0] == "blas"
