@@ -101,21 +101,22 @@ class CpuDecode:
         K_all, V_all = cache.k.numpy() if write_here else None, cache.v.numpy() if write_here else None
         attend = self._reader(cache, mixed, max_length)
         x = self.embed[tokens.numpy()]  # [B, d]
-        for i, (attn_norm, mlp_norm) in enumerate(self.norms):
-            qkv = mm(4 * i, self._rms(x, attn_norm)).reshape(B, H + 2 * Hkv, dh)
-            qk = self._rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
-            if write_here:
-                K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
-            else:
-                k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
-                cache.update(i, k, v, positions)
-            o = attend(i, qk[:, :H])  # [B, H, dh]
-            x = x + mm(4 * i + 1, o.reshape(B, H * dh))
-            gate_up = mm(4 * i + 2, self._rms(x, mlp_norm))  # [B, 2 ffn]
-            gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
-            # silu(g) = g * sigmoid(g), with sigmoid through tanh: no overflow warning for large -g
-            x = x + mm(4 * i + 3, gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up)
-        return torch.from_numpy(mm(4 * len(self.norms), self._rms(x, self.norm)))
+        with mm.threads():
+            for i, (attn_norm, mlp_norm) in enumerate(self.norms):
+                qkv = mm(4 * i, self._rms(x, attn_norm)).reshape(B, H + 2 * Hkv, dh)
+                qk = self._rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
+                if write_here:
+                    K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
+                else:
+                    k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
+                    cache.update(i, k, v, positions)
+                o = attend(i, qk[:, :H])  # [B, H, dh]
+                x = x + mm(4 * i + 1, o.reshape(B, H * dh))
+                gate_up = mm(4 * i + 2, self._rms(x, mlp_norm))  # [B, 2 ffn]
+                gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
+                # silu(g) = g * sigmoid(g), with sigmoid through tanh: no overflow warning for large -g
+                x = x + mm(4 * i + 3, gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up)
+            return torch.from_numpy(mm(4 * len(self.norms), self._rms(x, self.norm)))
 
     def _reader(self, cache, mixed, max_length):
         """attend(layer, q [B, H, dh]) -> [B, H, dh] over each row's cached keys and the new one."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -90,24 +91,70 @@ def prepare(weights, kind: str | None = None):
 
 
 class MklProducts:
-    """MKL's packed weights, packed for the batch sizes of the last steps."""
+    """MKL's packed weights, packed for the batch sizes of the last steps. A large weight is packed
+    in `parts` column blocks that every core multiplies at once (`cpu_blas.on_every_core`), each
+    block's MKL call on one thread: MKL's own OpenMP threads, woken for each of the step's 17
+    products, stalled whole steps on a busy machine, and the lab's pool shares the cores as well."""
 
     name = "mkl"
 
     def __init__(self, weights, reason):
-        self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
+        self.parts = [_parts(w) for w in weights]
+        # [out, in] views, one per column block: MKL packs from any strides
+        self.weights = [[w.detach()[_block(w.shape[0], p, n)] for p in range(n)] for w, n in zip(weights, self.parts)]
         self.reason = reason
-        self.packs: OrderedDict[int, list] = OrderedDict()  # batch size -> packed weights
+        self.packs: OrderedDict[int, list] = OrderedDict()  # batch size -> packed blocks per weight
+
+    def threads(self):
+        """A context for the step's products: torch (and so MKL) on one thread in this one."""
+        return _TorchThreads(1)
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        packed = self.packs.get(rows)
-        if packed is None:
-            packed = self.packs[rows] = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in self.weights]
+        packs = self.packs.get(rows)
+        if packs is None:
+            packs = self.packs[rows] = [[torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in blocks]
+                                        for blocks in self.weights]
             while len(self.packs) > MKL_PACKS_KEPT:
                 self.packs.popitem(last=False)
         self.packs.move_to_end(rows)
-        return torch.ops.mkl._mkl_linear(torch.from_numpy(np.ascontiguousarray(x)), packed[i], self.weights[i], None, rows).numpy()
+        xt, blocks, n = torch.from_numpy(np.ascontiguousarray(x)), self.weights[i], self.parts[i]
+        if n == 1:
+            return torch.ops.mkl._mkl_linear(xt, packs[i][0], blocks[0], None, rows).numpy()
+        out = np.empty((rows, sum(w.shape[0] for w in blocks)), np.float32)
+        columns = [_block(out.shape[1], p, n) for p in range(n)]
+
+        def run(p):
+            out[:, columns[p]] = torch.ops.mkl._mkl_linear(xt, packs[i][p], blocks[p], None, rows).numpy()
+        on_every_core(run, n)
+        return out
+
+
+def _parts(w) -> int:
+    """Column blocks a weight is shared out in: 1 for a small one (waking another thread costs
+    more than it saves, as in `cpu_blas`), one per core (at most MAX_WORKERS) for a large one."""
+    return 1 if w.numel() * 4 <= SINGLE_THREAD_WEIGHT_BYTES or CORES < 2 else min(CORES, MAX_WORKERS)
+
+
+def _block(n: int, part: int, parts: int) -> slice:
+    """Part `part` of `parts` near-equal slices of range(n)."""
+    return slice(n * part // parts, n * (part + 1) // parts)
+
+
+class _TorchThreads:
+    """torch.set_num_threads(n) inside the block, the previous count restored after it."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self):
+        self.before = torch.get_num_threads()
+        if self.before != self.n:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        if self.before != self.n:
+            torch.set_num_threads(self.before)
 
 
 class NumbaProducts:
@@ -118,6 +165,10 @@ class NumbaProducts:
     def __init__(self, weights, reason):
         self.weights = [np.ascontiguousarray(w.detach().numpy()) for w in weights]  # [out, in]
         self.reason = reason
+
+    def threads(self):
+        """A context for the step's products: nothing to set (the kernel runs where it is called)."""
+        return nullcontext()
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         """x @ w.T: a small product on this thread (waking another costs more than it saves, as
@@ -143,6 +194,10 @@ class BlasProducts:
     def __init__(self, weights, reason):
         self.weights = [w.detach().numpy().T for w in weights]  # [in, out] views
         self.reason = reason
+
+    def threads(self):
+        """A context for the step's products: nothing to set (`cpu_blas` sets OpenBLAS's count)."""
+        return nullcontext()
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         return blas_matmul(x, self.weights[i])
