@@ -46,7 +46,7 @@ TILES_AMPERE_WIDE = ((32, 32, 2, 4), (32, 16, 2, 4))  # sm_80 / sm_89 at D >= 12
 TILES_TURING = ((64, 32, 2, 4), (32, 32, 1, 4))  # sm_75 at D <= 64
 TILES_TURING_WIDE = ((32, 16, 2, 4), (16, 32, 2, 4))  # sm_75 at D = 128 (D = 256: none, refused)
 TILES_FP32 = ((32, 16, 2, 4),)  # exact fp32 dots, D <= 128 only (others spill on sm_89)
-TILES_FP32_HOPPER = ((32, 16, 2, 4), (32, 32, 2, 8), (16, 32, 2, 4))
+TILES_FP32_HOPPER = ((32, 16, 2, 4), (16, 32, 2, 4))  # (32, 32, 2, 8) spilled 8 bytes under triton 3.6
 INTERPRETER_TILE = (16, 16, 1, 4)
 # Autotune keys: P and S rounded up to powers of two (see kernels/matmul.py's m_bucket).
 BUCKET_MIN, BUCKET_MAX = 128, 32768

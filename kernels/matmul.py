@@ -34,6 +34,8 @@ from ._runtime import INTERPRETED, capability, check_runnable, shared_bytes_per_
 # sm_75/80/89/90 within the shared memory of the GPUs there, without register spills.
 TILES_16BIT = ((128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 64, 3, 4),
                (128, 128, 32, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4))
+# Ampere and Ada (sm_80, sm_89): the tiles above that triton 3.6 spilled 8-20 bytes on are left out.
+TILES_16BIT_AMPERE = ((128, 128, 64, 4, 8), (128, 128, 32, 4, 4), (64, 128, 64, 4, 4))
 # Turing (sm_75) has no asynchronous copies: pipeline stages live in registers, and the tiles
 # above spill there (up to 13 KB at 128 x 128); these do not.
 TILES_16BIT_SM75 = ((64, 64, 16, 2, 4), (32, 64, 32, 2, 4), (64, 32, 32, 2, 4))
@@ -70,15 +72,16 @@ def tiles_for(elem_bytes: int, shared_limit: int | None = None, capability: tupl
     """The autotune tiles for inputs of `elem_bytes` (2: fp16/bf16, 4: fp32) on a GPU of
     `capability` that fit `shared_limit` bytes per block (None: all). A shape no tile fits is
     refused by the wrapper."""
-    old_gpu = capability is not None and tuple(capability) < (8, 0)
-    tiles = TILES_FP32 if elem_bytes == 4 else TILES_16BIT_SM75 if old_gpu else TILES_16BIT
+    cc = tuple(capability) if capability is not None else (9, 0)
+    tiles = (TILES_FP32 if elem_bytes == 4 else TILES_16BIT_SM75 if cc < (8, 0)
+             else TILES_16BIT_AMPERE if cc < (9, 0) else TILES_16BIT)
     return [t for t in tiles if shared_limit is None
             or shared_bytes_estimate(t[0], t[1], t[2], t[3], elem_bytes) <= shared_limit]
 
 
 def _configs():
     """All CUDA tiles (the prune below keeps the ones for the dtype and GPU); one in the interpreter."""
-    tiles = [INTERPRETER_TILE] if INTERPRETED else TILES_16BIT + TILES_FP32
+    tiles = [INTERPRETER_TILE] if INTERPRETED else sorted(set(TILES_16BIT + TILES_16BIT_SM75 + TILES_FP32))
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": GROUP_M},
                           num_stages=s, num_warps=w) for bm, bn, bk, s, w in tiles]
 
