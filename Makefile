@@ -12,11 +12,14 @@ PARAMS    ?=
 REPORT    := build/report
 CHROMIUM  := /usr/bin/chromium
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+TRITON    ?=
+TARGETS   ?=
+TRITON_VENV := build/venv-triton$(TRITON)
 
 # A token for lab/app: the caller's JUPYTER_TOKEN, else a fresh random one (never empty).
 TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))')}"
 
-.PHONY: help venv browser lab test gpu-check bench report app strip clean
+.PHONY: help venv browser lab test gpu-check gpu-compile bench report app strip clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-10s %s\n", $$1, $$2}'
