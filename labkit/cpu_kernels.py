@@ -248,16 +248,18 @@ if AVAILABLE:
                 r = widen(key[d])
                 a0 += q0[d] * r
                 a1 += q1[d] * r
-            scale = k_scale[t] * k_scale_all if per_token else k_scale_all
-            s0[t], s1[t] = a0 * scale, a1 * scale
-        top0, top1 = s0.max(), s1.max()
-        total0 = total1 = np.float32(0)
-        for t in range(n):  # softmax numerators in place; int8's V scales folded into them
-            p0, p1 = exp_nonpositive(s0[t] - top0), exp_nonpositive(s1[t] - top1)
-            total0 += p0
-            total1 += p1
-            scale = v_scale[t] if per_token else np.float32(1)
-            s0[t], s1[t] = p0 * scale, p1 * scale
+            s0[t], s1[t] = a0, a1
+        if per_token:  # int8: each key's scale
+            for t in range(n):
+                s0[t] *= k_scale[t]
+                s1[t] *= k_scale[t]
+        _softmax_numerators(s0, k_scale_all, n)
+        _softmax_numerators(s1, k_scale_all, n)
+        total0, total1 = s0[:n].sum(), s1[:n].sum()
+        if per_token:  # int8's V scales folded into the numerators: sum_t p_t (v_t s_t) = sum_t (p_t s_t) v_t
+            for t in range(n):
+                s0[t] *= v_scale[t]
+                s1[t] *= v_scale[t]
         o0, o1 = np.zeros(dh, np.float32), np.zeros(dh, np.float32)
         for t in range(n):  # p @ V: one pass over V
             _prefetch_row(v, min(t + PREFETCH_KEYS_AHEAD, n - 1))
@@ -336,3 +338,13 @@ if AVAILABLE:
         p = p * r + np.float32(1.0)
         p = p * r + np.float32(1.0)
         return p * _bits_as_float32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+    @numba.njit(fastmath=True, cache=True)
+    def _softmax_numerators(s, scale, n):
+        """s[:n] <- exp(scale s - max(scale s)) in place, each loop simple enough to vectorise."""
+        top = s[0]
+        for t in range(1, n):
+            top = max(top, s[t])
+        top *= scale
+        for t in range(n):
+            s[t] = exp_nonpositive(s[t] * scale - top)

@@ -34,6 +34,7 @@ from .cpu_blas import CORES, MAX_WORKERS, SINGLE_THREAD_FLOPS, SINGLE_THREAD_WEI
 from .errors import LabError
 
 KINDS = ("mkl", "numba", "blas")
+SPLIT_FLOPS = 1 << 24  # a product of more FLOPs than this (and any weight over 4 MiB) is shared out
 MKL_PACKS_KEPT = 2  # batch sizes whose packed weights stay (each a copy of every weight, or more)
 
 
@@ -91,49 +92,58 @@ def prepare(weights, kind: str | None = None):
 
 
 class MklProducts:
-    """MKL's packed weights, packed for the batch sizes of the last steps. A large weight is packed
-    in `parts` column blocks that every core multiplies at once (`cpu_blas.on_every_core`), each
-    block's MKL call on one thread: MKL's own OpenMP threads, woken for each of the step's 17
-    products, stalled whole steps on a busy machine, and the lab's pool shares the cores as well."""
+    """MKL's packed weights, packed for the batch sizes of the last steps. A large product is packed
+    in column blocks that every core multiplies at once (`cpu_blas.on_every_core`), each block's
+    MKL call on one thread: MKL's own OpenMP threads, woken for each of the step's 17 products,
+    stalled whole steps on a busy machine, and the lab's pool shares the cores as well."""
 
     name = "mkl"
 
     def __init__(self, weights, reason):
-        self.parts = [_parts(w) for w in weights]
-        # [out, in] views, one per column block: MKL packs from any strides
-        self.weights = [[w.detach()[_block(w.shape[0], p, n)] for p in range(n)] for w, n in zip(weights, self.parts)]
+        self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
         self.reason = reason
-        self.packs: OrderedDict[int, list] = OrderedDict()  # batch size -> packed blocks per weight
+        self.packs: OrderedDict[int, list] = OrderedDict()  # batch size -> per weight [(block, packed)]
 
     def threads(self):
         """A context for the step's products: torch (and so MKL) on one thread in this one."""
         return _TorchThreads(1)
 
-    def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
-        rows = x.shape[0]
+    def _packed(self, rows: int) -> list:
+        """Per weight, its column blocks and their packs for `rows` rows (packed on first use)."""
         packs = self.packs.get(rows)
         if packs is None:
-            packs = self.packs[rows] = [[torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in blocks]
-                                        for blocks in self.weights]
+            packs = self.packs[rows] = [
+                [(w[_block(w.shape[0], p, n)], None) for p in range(n)]
+                for w, n in ((w, _parts(w, rows)) for w in self.weights)]
+            for blocks in packs:
+                blocks[:] = [(b, torch.ops.mkl._mkl_reorder_linear_weight(b, rows)) for b, _ in blocks]
             while len(self.packs) > MKL_PACKS_KEPT:
                 self.packs.popitem(last=False)
         self.packs.move_to_end(rows)
-        xt, blocks, n = torch.from_numpy(np.ascontiguousarray(x)), self.weights[i], self.parts[i]
-        if n == 1:
-            return torch.ops.mkl._mkl_linear(xt, packs[i][0], blocks[0], None, rows).numpy()
-        out = np.empty((rows, sum(w.shape[0] for w in blocks)), np.float32)
-        columns = [_block(out.shape[1], p, n) for p in range(n)]
+        return packs
+
+    def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
+        rows = x.shape[0]
+        blocks, xt = self._packed(rows)[i], torch.from_numpy(np.ascontiguousarray(x))
+        if len(blocks) == 1:
+            (w, packed), = blocks
+            return torch.ops.mkl._mkl_linear(xt, packed, w, None, rows).numpy()
+        out = np.empty((rows, self.weights[i].shape[0]), np.float32)
+        columns = [_block(out.shape[1], p, len(blocks)) for p in range(len(blocks))]
 
         def run(p):
-            out[:, columns[p]] = torch.ops.mkl._mkl_linear(xt, packs[i][p], blocks[p], None, rows).numpy()
-        on_every_core(run, n)
+            w, packed = blocks[p]
+            out[:, columns[p]] = torch.ops.mkl._mkl_linear(xt, packed, w, None, rows).numpy()
+        on_every_core(run, len(blocks))
         return out
 
 
-def _parts(w) -> int:
-    """Column blocks a weight is shared out in: 1 for a small one (waking another thread costs
-    more than it saves, as in `cpu_blas`), one per core (at most MAX_WORKERS) for a large one."""
-    return 1 if w.numel() * 4 <= SINGLE_THREAD_WEIGHT_BYTES or CORES < 2 else min(CORES, MAX_WORKERS)
+def _parts(w, rows: int) -> int:
+    """Column blocks a product is shared out in: 1 for a small one (waking another thread costs
+    more than it saves, as in `cpu_blas`), one per core (at most MAX_WORKERS) for a large weight
+    or many FLOPs."""
+    small = w.numel() * 4 <= SINGLE_THREAD_WEIGHT_BYTES and 2 * rows * w.numel() <= SPLIT_FLOPS
+    return 1 if small or CORES < 2 else min(CORES, MAX_WORKERS)
 
 
 def _block(n: int, part: int, parts: int) -> slice:
