@@ -1,9 +1,10 @@
 """CPU matrix products through numpy's OpenBLAS, with the thread count chosen per product.
 
-Why it exists: the CPU model's linears (`ops.TorchOps.linear`) and its numpy decode step
-(`cpu_decode`) multiply with numpy's OpenBLAS, which streams decode-shaped products (a few rows,
-a weight far larger than the CPU caches) faster than torch's own BLAS on the lab's CPUs. How
-many threads a product gets decides whether that pays off:
+Why it exists: the CPU model's linears (`ops.TorchOps.linear`) and, without MKL's packing or
+numba, the CPU decode step's products (`cpu_linear`'s "blas") multiply with numpy's OpenBLAS,
+which streams decode-shaped products (a few rows, a weight far larger than the CPU caches)
+faster than torch's own BLAS on the lab's CPUs. How many threads a product gets decides whether
+that pays off:
 
   * a small product (a decode step's layer matrices) runs on one thread: waking a second thread
     costs more than it saves, and on a busy machine a descheduled helper thread stalls the call
@@ -80,7 +81,7 @@ _POOL: ThreadPoolExecutor | None = None  # started on first use: most processes 
 
 
 def on_every_core(run, parts: int):
-    """run(0) .. run(parts - 1) at once: part 0 in the calling thread (one wake-up fewer than
+    """run(0) .. run(parts - 1) at once (the CPU decode step's numba kernels and MKL blocks too): part 0 in the calling thread (one wake-up fewer than
     waiting for a worker), the others on worker threads (numpy releases the GIL in BLAS and in
     ufuncs), each with single-threaded OpenBLAS; returns when all are done."""
     global _POOL

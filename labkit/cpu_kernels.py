@@ -341,7 +341,8 @@ if AVAILABLE:
 
     @numba.njit(fastmath=True, cache=True)
     def _softmax_numerators(s, scale, n):
-        """s[:n] <- exp(scale s - max(scale s)) in place, each loop simple enough to vectorise."""
+        """s[:n] <- exp(scale s - max(scale s)) in place (scale >= 0: the cache's scales are), each
+        loop simple enough for LLVM to vectorise (numpy's max() checks for NaN element by element)."""
         top = s[0]
         for t in range(1, n):
             top = max(top, s[t])
