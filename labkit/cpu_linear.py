@@ -7,8 +7,9 @@ at B = 4-32 (the issue's measurements). So the decode step prepares its weights 
 ways to do that are tried in this order, the first that applies is used:
 
   "mkl"    Intel CPUs with torch's MKL: MKL's own packed weight (cblas_sgemm_pack, the op
-           inductor's `freezing` emits), packed once per batch size and kept for the last
-           `MKL_PACKS_KEPT` sizes. MKL runs slow code paths on other vendors' CPUs, so only here;
+           inductor's `freezing` emits), packed once per batch size (the last `MKL_PACKS_KEPT`
+           sizes kept). Only there: torch's MKL streamed decode products slowly on the lab's
+           AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
   "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.few_rows_linear` over a contiguous
            [out, in] copy of each weight, 4 weight rows x 4 rows of x per register tile;
   "blas"   without numba: numpy's OpenBLAS on the model's own weights (`cpu_blas.blas_matmul`),
@@ -35,7 +36,9 @@ from .errors import LabError
 
 KINDS = ("mkl", "numba", "blas")
 SPLIT_FLOPS = 1 << 24  # a product of more FLOPs than this (and any weight over 4 MiB) is shared out
-MKL_PACKS_KEPT = 2  # batch sizes whose packed weights stay (each a copy of every weight, or more)
+# Batch sizes whose packed weights stay: each is a copy of every weight, and more (lab-cpu's 63 MB
+# of products took 126 MiB more resident memory at B = 16); a new batch size repacks (~50 ms).
+MKL_PACKS_KEPT = 1
 
 
 def cpu_vendor() -> str:
