@@ -17,7 +17,7 @@ from .errors import LabError
 
 # Each shape is served until its fastest prefill and fastest decode are each confirmed by a second
 # run (`measure.sample_until_stable`), in about SHAPE_BUDGET_S, at most SHAPE_MAX_BUDGET_S.
-SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, SHAPE_MAX_RUNS = 3.0, 8.0, 20
+SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, SHAPE_MAX_RUNS = 4.0, 10.0, 30
 
 
 def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int = 1,
