@@ -82,7 +82,7 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	  $(VENV)/bin/nbstripout --verify $(NOTEBOOKS) || { echo "test: notebooks are not stripped (outputs or metadata); run 'make strip'" >&2; exit 1; }; \
 	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
 	$(PY) -m pytest tests
-	$(MAKE) gpu-compile TARGETS=sm_90a
+	LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache $(MAKE) gpu-compile TARGETS=sm_90a
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks"; \
 	  LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \

@@ -39,3 +39,5 @@ def test_make_tests_notebooks_and_dry_run_each_name_a_cache_under_build():
     assert "LABKIT_CACHE_DIR" not in real  # a real GPU check calibrates this machine for its user
     recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
     assert "LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks" in recipe and "DRY=1" in recipe
+    # The compile check's results too: `make test` keeps them under build/, never in ~/.cache/labkit.
+    assert "LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache $(MAKE) gpu-compile" in recipe
