@@ -112,7 +112,7 @@ def _from_sysctl(cpus: set[int]) -> CacheLevels | None:
         return None
     values = {}
     for key in ("hw.perflevel0.l2cachesize", "hw.perflevel0.cpusperl2", "hw.l2cachesize", "hw.l3cachesize"):
-        out = _run(["sysctl", "-n", key])
+        out = run_command(["sysctl", "-n", key])
         values[key] = int(out) if out and out.isdigit() else 0
     l2 = values["hw.perflevel0.l2cachesize"] or values["hw.l2cachesize"]
     per_l2 = values["hw.perflevel0.cpusperl2"] or len(cpus)
@@ -169,7 +169,7 @@ def cpu_identity() -> str:
         ident = " ".join(f"{k} {fields[k]}" for k in ("vendor_id", "cpu family", "model", "stepping",
                                                           "CPU implementer", "CPU part", "CPU variant") if k in fields)
         return f"{ident}: {fields.get('model name', platform.machine())}"
-    brand = _run(["sysctl", "-n", "machdep.cpu.brand_string"]) if platform.system() == "Darwin" else None
+    brand = run_command(["sysctl", "-n", "machdep.cpu.brand_string"]) if platform.system() == "Darwin" else None
     return brand or platform.processor() or platform.machine() or "unknown CPU"
 
 
@@ -182,7 +182,7 @@ def last_boot() -> datetime | None:
                 return datetime.fromtimestamp(int(line.split()[1]), timezone.utc)
     except (OSError, ValueError, IndexError):
         pass
-    out = _run(["sysctl", "-n", "kern.boottime"]) if platform.system() == "Darwin" else None
+    out = run_command(["sysctl", "-n", "kern.boottime"]) if platform.system() == "Darwin" else None
     match = re.search(r"sec\s*=\s*(\d+)", out or "")
     return datetime.fromtimestamp(int(match.group(1)), timezone.utc) if match else None
 
@@ -202,7 +202,8 @@ def cpu_busy_s() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _run(args: list[str]) -> str | None:
+def run_command(args: list[str]) -> str | None:
+    """A command's stripped stdout, or None if it is missing, fails or hangs (5 s)."""
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=5, check=True)
     except (OSError, subprocess.SubprocessError):

@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -23,6 +22,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from .cpu_info import run_command
 from .errors import LabError
 
 REQUIRED_PROVENANCE = ("device", "date")
@@ -63,23 +63,14 @@ def _nvidia_driver() -> str | None:
         return next(word for word in first.split() if word[:1].isdigit() and "." in word)
     except (OSError, IndexError, StopIteration):
         pass
-    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    out = run_command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     return out.splitlines()[0].strip() if out else None
 
 
 def _git_commit() -> str | None:
     """HEAD of the repository, or LABKIT_GIT_COMMIT where the tree travelled without its .git
     (a copy sent to a GPU machine: set it to `git rev-parse HEAD` of the checkout it came from)."""
-    return os.environ.get("LABKIT_GIT_COMMIT") or _run(["git", "-C", str(_REPO), "rev-parse", "HEAD"])
-
-
-def _run(args: list[str]) -> str | None:
-    """A command's stripped stdout, or None if it is missing, fails or hangs."""
-    try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=5, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
+    return os.environ.get("LABKIT_GIT_COMMIT") or run_command(["git", "-C", str(_REPO), "rev-parse", "HEAD"])
 
 
 def to_json(value):

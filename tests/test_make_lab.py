@@ -13,6 +13,7 @@ file browser's root lists the repository. Voilà: lesson 01 renders as a page, w
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -189,49 +190,46 @@ def check_file_browser(page, server: Server):
 
 
 # ------------------------------------------------------------------ the tests
+@contextlib.contextmanager
+def opened(link: str, timeout_s: float, screenshot: str):
+    """A Chromium page on `link`, as a learner opens it; a screenshot of it afterwards, pass or
+    fail, and the browser always closed."""
+    with sync_playwright()() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(link, timeout=timeout_s * 1000)
+            try:
+                yield page
+            finally:
+                full_screenshot(page, SCREENSHOTS / screenshot)
+        finally:
+            browser.close()
+
+
 @pytest.mark.timeout(LAB_TIMEOUT_S * 2 + 120)
 def test_make_lab_prints_a_link_that_opens_lesson_01_in_the_repository(lab_server):
     server, link = lab_server
     original = (ROOT / LESSON).read_bytes()
     heading = lesson_heading()
-    start = sync_playwright()
-    with start() as playwright:
-        browser = launch_chromium(playwright)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(link, timeout=LAB_TIMEOUT_S * 1000)
-            try:
-                state = wait_for(page, lambda s: s["heading"] == heading, LAB_TIMEOUT_S,
-                                 f"no notebook showing '{heading}'", server)
-                assert not state["dialogs"], f"JupyterLab shows a dialog: {state['dialogs']}"
-                assert state["tab"] == Path(LESSON).name, state
-                state = wait_for(page, lambda s: s["kernel"] == "idle", LAB_TIMEOUT_S, "no idle kernel", server)
-                assert not state["dialogs"], f"JupyterLab shows a dialog: {state['dialogs']}"
-                check_kernel(server)
-                check_file_browser(page, server)
-                assert page_errors(page) == []
-            finally:
-                full_screenshot(page, SCREENSHOTS / "make-lab.png")
-        finally:
-            browser.close()
+    with opened(link, LAB_TIMEOUT_S, "make-lab.png") as page:
+        state = wait_for(page, lambda s: s["heading"] == heading, LAB_TIMEOUT_S,
+                         f"no notebook showing '{heading}'", server)
+        assert not state["dialogs"], f"JupyterLab shows a dialog: {state['dialogs']}"
+        assert state["tab"] == Path(LESSON).name, state
+        state = wait_for(page, lambda s: s["kernel"] == "idle", LAB_TIMEOUT_S, "no idle kernel", server)
+        assert not state["dialogs"], f"JupyterLab shows a dialog: {state['dialogs']}"
+        check_kernel(server)
+        check_file_browser(page, server)
+        assert page_errors(page) == []
     assert (ROOT / LESSON).read_bytes() == original, f"opening {LESSON} wrote it back"
 
 
 @pytest.mark.timeout(APP_TIMEOUT_S + 120)
 def test_make_app_prints_a_link_that_renders_lesson_01_as_a_page(app_server):
-    server, link = app_server
+    _server, link = app_server
     heading = lesson_heading()
-    start = sync_playwright()
-    with start() as playwright:
-        browser = launch_chromium(playwright)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(link, timeout=APP_TIMEOUT_S * 1000)
-            try:
-                page.get_by_role("heading", name=heading).first.wait_for(timeout=APP_TIMEOUT_S * 1000)
-                page.locator(".widget-slider .noUi-handle").first.wait_for(timeout=APP_TIMEOUT_S * 1000)
-                assert page_errors(page) == [] and "There was an error" not in page.inner_text("body")
-            finally:
-                full_screenshot(page, SCREENSHOTS / "make-app.png")
-        finally:
-            browser.close()
+    with opened(link, APP_TIMEOUT_S, "make-app.png") as page:
+        page.get_by_role("heading", name=heading).first.wait_for(timeout=APP_TIMEOUT_S * 1000)
+        page.locator(".widget-slider .noUi-handle").first.wait_for(timeout=APP_TIMEOUT_S * 1000)
+        assert page_errors(page) == [] and "There was an error" not in page.inner_text("body")
