@@ -116,7 +116,7 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
 
 
 def _relative(value: float, reference: float) -> str:
-    """'within 10 % of', '2.1 times', 'a third of' — how `value` compares with `reference`."""
+    """'within 10% of' or '2.1 times' — how `value` compares with `reference`."""
     if not value or not reference:
         return "not comparable with"
     ratio = value / reference
