@@ -90,33 +90,41 @@ class CpuDecode:
     def step(self, tokens, cache, plan) -> torch.Tensor:
         """tokens [B] -> logits [B, V] fp32, writing each row's K/V into `cache` as `plan` says
         (`KVCache.decode_plan`); the cache's lengths are the caller's to advance."""
-        spec, mm = self.model.spec, self.products
+        spec = self.model.spec
         positions, max_length, mixed = plan
         B, H, Hkv, dh = tokens.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
+        # ---- the breakdown's timer hook (`labkit.clock`): each call below is timed as a part of its
+        # category when `model.clock` is a Clock; the default, OFF, returns every function as it is.
+        part = self.model.clock
+        mm = part.timed("products", self.products)
+        attend = part.timed("attention", self._reader(cache, mixed, max_length))
+        rms, rotate, rope = (part.timed("other", f) for f in (self._rms, self._rotate, self._rope))
+        add, gating = part.timed("other", np.add), part.timed("other", _swiglu)
+        # ----
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
-        cos, sin = self._rope(at)  # [B or 1, 1, dh]
+        cos, sin = rope(at)  # [B or 1, 1, dh]
         # An fp32 cache at equal lengths is written here, through numpy views of its buffers
         # [L, B, Hkv, T, dh]; any other through KVCache.update, which quantises.
         write_here = not mixed and cache.cache_dtype == "fp32"
         K_all, V_all = cache.k.numpy() if write_here else None, cache.v.numpy() if write_here else None
-        attend = self._reader(cache, mixed, max_length)
-        x = self.embed[tokens.numpy()]  # [B, d]
-        with mm.threads():
+        with part.time("other"):
+            x = self.embed[tokens.numpy()]  # [B, d]
+        with self.products.threads():
             for i, (attn_norm, mlp_norm) in enumerate(self.norms):
-                qkv = mm(4 * i, self._rms(x, attn_norm)).reshape(B, H + 2 * Hkv, dh)
-                qk = self._rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
-                if write_here:
-                    K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
-                else:
-                    k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
-                    cache.update(i, k, v, positions)
+                qkv = mm(4 * i, rms(x, attn_norm)).reshape(B, H + 2 * Hkv, dh)
+                qk = rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
+                with part.time("other"):
+                    if write_here:
+                        K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
+                    else:
+                        k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
+                        cache.update(i, k, v, positions)
                 o = attend(i, qk[:, :H])  # [B, H, dh]
-                x = x + mm(4 * i + 1, o.reshape(B, H * dh))
-                gate_up = mm(4 * i + 2, self._rms(x, mlp_norm))  # [B, 2 ffn]
+                x = add(x, mm(4 * i + 1, o.reshape(B, H * dh)))
+                gate_up = mm(4 * i + 2, rms(x, mlp_norm))  # [B, 2 ffn]
                 gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
-                # silu(g) = g * sigmoid(g), with sigmoid through tanh: no overflow warning for large -g
-                x = x + mm(4 * i + 3, gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up)
-            return torch.from_numpy(mm(4 * len(self.norms), self._rms(x, self.norm)))
+                x = add(x, mm(4 * i + 3, gating(gate, up)))
+            return torch.from_numpy(mm(4 * len(self.norms), rms(x, self.norm)))
 
     def _reader(self, cache, mixed, max_length):
         """attend(layer, q [B, H, dh]) -> [B, H, dh] over each row's cached keys and the new one."""
@@ -205,6 +213,12 @@ class CpuDecode:
         units = [slice(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
         on_every_core(lambda p: _attend(qu[units[p]], Ku[units[p]], Vu[units[p]], ou[units[p]]), parts)
         return out
+
+
+def _swiglu(gate, up):
+    """SwiGLU's gating, silu(gate) * up, [B, ffn] each: silu(g) = g * sigmoid(g), with sigmoid
+    through tanh, so a large -g gives no overflow warning."""
+    return gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up
 
 
 def _attend(q, K, V, out):

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backend, roofline
+from .clock import OFF
 from .decode_paths import choose_decode_path
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import LabError
@@ -82,6 +83,11 @@ def apply_rope(x, cos, sin):
     return out.view(B, T, n, dh).to(x.dtype)
 
 
+def swiglu(gate, up):
+    """SwiGLU's gating, silu(gate) * up: gate, up [..., ffn] -> [..., ffn]."""
+    return F.silu(gate) * up
+
+
 def _param(generator, shape, std, dtype, device, linear=True):
     """A [out, in] weight. On the CPU a linear weight is laid out [in, out]-contiguous (its
     transpose is contiguous) so a decode-shaped x @ w.T streams it in the order BLAS reads it."""
@@ -115,7 +121,8 @@ class Llama(nn.Module):
     `kernels` ("torch" | "triton") overrides the per-device choice (tests run the Triton path on
     CPU in the interpreter). The predicted footprint is checked before anything is allocated.
     `cache` is the default KV cache of `prefill` and `decode_step`; `decode_path` says how a
-    decode step runs (`.name`) and why (`.reason`)."""
+    decode step runs (`.name`) and why (`.reason`). `clock` is the timer hook `labkit.breakdown`
+    sets to time the parts of a step (`labkit.clock`; OFF, the default, times nothing)."""
 
     def __init__(self, spec: ModelSpec | str, batch: int = 1, max_tokens: int | None = None,
                  cache_dtype: str | None = None, device: str | None = None,
@@ -135,6 +142,7 @@ class Llama(nn.Module):
         self._init_weights(seed, dtype)
         self.cache = self.make_cache(batch, max_tokens, cache_dtype, check=False)  # checked above
         self.decode_path = choose_decode_path(self)
+        self.clock = OFF
 
     def _init_weights(self, seed, dtype):
         spec, device = self.spec, self.device
@@ -197,27 +205,48 @@ class Llama(nn.Module):
         return cache
 
     # -------------------------------------------------------------- shared pieces of a layer
+    # Each operation runs inside a part of `self.clock` (the breakdown's timer hook; OFF times
+    # nothing): "products" the weight matrices, "attention", "other" everything else.
     def _qkv(self, layer, x, rope):
         """x [B, T, d] -> q [B, H, T, dh], k, v [B, Hkv, T, dh] (views), with RoPE (cos, sin)
         applied to q and k together."""
-        s, (B, T, _) = self.spec, x.shape
-        qkv = self.ops.linear(rms_norm(x, layer.attn_norm, s.norm_eps), layer.wqkv)  # [B, T, q + 2 kv]
+        s, (B, T, _), clock = self.spec, x.shape, self.clock
+        with clock.time("other"):
+            normed = rms_norm(x, layer.attn_norm, s.norm_eps)
+        with clock.time("products"):
+            qkv = self.ops.linear(normed, layer.wqkv)  # [B, T, q + 2 kv]
         heads = qkv.view(B, T, s.n_heads + 2 * s.n_kv_heads, s.head_dim)
-        qk = apply_rope(heads[:, :, :s.n_heads + s.n_kv_heads], *rope)  # [B, T, H + Hkv, dh]
+        with clock.time("other"):
+            qk = apply_rope(heads[:, :, :s.n_heads + s.n_kv_heads], *rope)  # [B, T, H + Hkv, dh]
         q, k = qk.transpose(1, 2).split([s.n_heads, s.n_kv_heads], dim=1)
         return q, k, heads[:, :, s.n_heads + s.n_kv_heads:].transpose(1, 2)
 
     def _finish_layer(self, layer, x, attn):
         """x [B, T, d], attn [B, H, T, dh] -> o projection + residual, then the SwiGLU block."""
-        B, T, _ = x.shape
-        x = x + self.ops.linear(attn.transpose(1, 2).reshape(B, T, -1), layer.wo)
-        gate_up = self.ops.linear(rms_norm(x, layer.mlp_norm, self.spec.norm_eps), layer.w_gate_up)
+        (B, T, _), clock = x.shape, self.clock
+        with clock.time("other"):
+            heads = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H dh]
+        with clock.time("products"):
+            o = self.ops.linear(heads, layer.wo)
+        with clock.time("other"):
+            x = x + o
+            normed = rms_norm(x, layer.mlp_norm, self.spec.norm_eps)
+        with clock.time("products"):
+            gate_up = self.ops.linear(normed, layer.w_gate_up)
         gate, up = gate_up.chunk(2, dim=-1)  # [B, T, ffn] each
-        return x + self.ops.linear(F.silu(gate) * up, layer.w_down)
+        with clock.time("other"):
+            gated = swiglu(gate, up)
+        with clock.time("products"):
+            down = self.ops.linear(gated, layer.w_down)
+        with clock.time("other"):
+            return x + down
 
     def _logits(self, x_last):
         """x_last [B, d] -> fp32 logits [B, V]: final norm, then the head."""
-        return self.ops.linear(rms_norm(x_last, self.norm, self.spec.norm_eps), self.head_weight).float()
+        with self.clock.time("other"):
+            normed = rms_norm(x_last, self.norm, self.spec.norm_eps)
+        with self.clock.time("products"):
+            return self.ops.linear(normed, self.head_weight).float()
 
     def _tokens(self, tokens):
         return torch.as_tensor(tokens, dtype=torch.long).to(self.device)
@@ -246,17 +275,21 @@ class Llama(nn.Module):
         return self._prefill(tokens, cache, start, slice(slot, slot + 1))[0]
 
     def _prefill(self, tokens, cache, start, rows):
-        B, P = tokens.shape
+        (B, P), clock = tokens.shape, self.clock
         _check_prefill(cache, P, start, rows)
-        positions = torch.arange(start, start + P, device=self.device)  # [P] absolute
-        rope = rope_angles(positions, self.rope_inv_freq)
-        x = F.embedding(tokens, self.embed)  # [B, P, d]
+        with clock.time("other"):
+            positions = torch.arange(start, start + P, device=self.device)  # [P] absolute
+            rope = rope_angles(positions, self.rope_inv_freq)
+            x = F.embedding(tokens, self.embed)  # [B, P, d]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, rope)
-            cache.update(i, k, v, start, rows)
-            if start:  # attend to the cached prefix too: read it back, dequantised
-                k, v = cache.read(i, start + P, rows, dtype=x.dtype)
-            x = self._finish_layer(layer, x, self.ops.prefill_attention(q, k, v))
+            with clock.time("other"):
+                cache.update(i, k, v, start, rows)
+            with clock.time("attention"):
+                if start:  # attend to the cached prefix too: read it back, dequantised
+                    k, v = cache.read(i, start + P, rows, dtype=x.dtype)
+                attn = self.ops.prefill_attention(q, k, v)
+            x = self._finish_layer(layer, x, attn)
         cache.set_lengths(start + P, rows)
         return self._logits(x[:, -1])  # only the last position: see the module docstring
 
@@ -280,15 +313,18 @@ class Llama(nn.Module):
         writing each row's K/V into `cache` at `plan.positions` and attending over each row's
         length + 1 keys, at most `plan.max_length`. The lengths are the caller's to advance
         (`decode_step`; `graphed_decode` captures this with a plan of device numbers only)."""
-        positions, max_length, mixed = plan
-        where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
-        rope = rope_angles(where, self.rope_inv_freq)
-        attend = cache.lengths + 1  # [B] keys each query sees, the new one included
-        x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
+        (positions, max_length, mixed), clock = plan, self.clock
+        with clock.time("other"):
+            where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=self.device)
+            rope = rope_angles(where, self.rope_inv_freq)
+            attend = cache.lengths + 1  # [B] keys each query sees, the new one included
+            x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, rope)
-            cache.update(i, k, v, positions)
-            o = self.ops.decode_attention(q[:, :, 0], cache, i, attend, max_length, mixed)
+            with clock.time("other"):
+                cache.update(i, k, v, positions)
+            with clock.time("attention"):
+                o = self.ops.decode_attention(q[:, :, 0], cache, i, attend, max_length, mixed)
             x = self._finish_layer(layer, x, o[:, :, None])
         return self._logits(x[:, 0])
 
