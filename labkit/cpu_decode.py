@@ -34,7 +34,10 @@ from . import cpu_kernels, cpu_linear
 from .cpu_blas import CORES, on_every_core
 from .errors import LabError
 
-ATTENTION_SPLIT_MIN_BYTES = 2 << 20  # K+V a step reads in one layer from which every core attends
+# K+V one layer of a step reads from which every core attends: numba's kernel hands over through
+# numba's pool (~10-20 us), numpy's through a Python pool (50-65 us), so numpy's needs more work to pay.
+ATTENTION_SPLIT_MIN_BYTES = 256 << 10
+NUMPY_ATTENTION_SPLIT_MIN_BYTES = 2 << 20
 ATTENTIONS = ("numba", "numpy")
 # How a cache's buffers reach the numba kernel: numpy has no bf16 or fp8, so those go as their bits.
 # (torch view, numpy view) of the buffers: bf16 as uint16 bits, fp16 as int16 bits, fp8 as uint8 bits.
@@ -164,9 +167,8 @@ class CpuDecode:
             args = (qg, K_all[i], V_all[i], per_token, k_scales[layer], v_scales[layer], k_all, v_all, lengths, out)
             if parts == 1:
                 cpu_kernels.decode_attention(*args, 0, units)
-            else:  # a large cache: every core attends for a share of the units
-                on_every_core(lambda p: cpu_kernels.decode_attention(*args, units * p // parts,
-                                                                     units * (p + 1) // parts), parts)
+            else:  # a large cache: every core attends for a share of the units, on numba's pool
+                cpu_kernels.decode_attention_on_cores(*args, parts)  # (as the products: one pool, no contention)
             return out.reshape(B, H, dh)
         return attend
 
@@ -195,7 +197,7 @@ class CpuDecode:
         """q [B, H, dh] over K, V [B, Hkv, S, dh] (views of an fp32 cache) -> [B, H, dh].
 
         The work is B * Hkv independent (row, kv head) units, each the G = H / Hkv queries that
-        share one kv head. Over a large cache (a layer's K + V >= ATTENTION_SPLIT_MIN_BYTES) the
+        share one kv head. Over a large cache (a layer's K + V >= NUMPY_ATTENTION_SPLIT_MIN_BYTES) the
         units are shared out to every core: numpy loops over stacked products on one thread, and
         one thread reads memory at a fraction of what all cores can. Below it, one thread: the
         hand-off costs more."""
@@ -206,7 +208,7 @@ class CpuDecode:
         qu, Ku, Vu = q.reshape(n, G, dh), K.reshape(n, S, dh), V.reshape(n, S, dh)
         out = np.empty_like(q)
         ou = out.reshape(n, G, dh)
-        if K.nbytes + V.nbytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2 or n < 2:
+        if K.nbytes + V.nbytes < NUMPY_ATTENTION_SPLIT_MIN_BYTES or CORES < 2 or n < 2:
             _attend(qu, Ku, Vu, ou)
             return out
         parts = min(n, CORES)

@@ -10,13 +10,18 @@ ways to do that are tried in this order, the first that applies is used:
            inductor's `freezing` emits), packed once per batch size (the last `MKL_PACKS_KEPT`
            sizes kept). Only there: torch's MKL streamed decode products slowly on the lab's
            AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
-  "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.few_rows_linear` over a contiguous
-           [out, in] copy of each weight, 4 weight rows x 4 rows of x per register tile;
+  "onednn" other CPUs with torch's oneDNN and numba (AMD, ARM): numba's kernels below
+           `ONEDNN_MIN_ROWS` rows, where a product streams its weight, and oneDNN's packed weight
+           (`torch.ops.mkldnn._reorder_linear_weight`, packed once per batch size as MKL's) from there up, where
+           the head turns compute-bound and oneDNN's tiles reach 163 GFLOP/s at B = 16 against the
+           numba tile's 91 (2-core EPYC; 2.48 ms against 4.4 ms for the 49,152 x 256 head);
+  "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.linear_columns` over a contiguous
+           [out, in] copy of each weight, the loop chosen by the number of rows;
   "blas"   without numba: numpy's OpenBLAS on the model's own weights (`cpu_blas.blas_matmul`),
            the step as it was before the other two.
 
 `prepare(weights, kind=None)` picks; `kind` forces one (tests run each against the others; set
-LABKIT_CPU_LINEAR=mkl|numba|blas to compare them on a machine). The result's `name` and
+LABKIT_CPU_LINEAR=mkl|onednn|numba|blas to compare them on a machine). The result's `name` and
 `reason` say what runs and why.
 
 Shapes: x [B, in] fp32 numpy; each weight a torch [out, in] fp32 tensor (any strides).
@@ -31,14 +36,20 @@ import numpy as np
 import torch
 
 from . import cpu_kernels
-from .cpu_blas import CORES, MAX_WORKERS, SINGLE_THREAD_FLOPS, SINGLE_THREAD_WEIGHT_BYTES, blas_matmul, on_every_core
+from .cpu_blas import CORES, MAX_WORKERS, SINGLE_THREAD_WEIGHT_BYTES, blas_matmul, on_every_core
 from .errors import LabError
 
-KINDS = ("mkl", "numba", "blas")
+KINDS = ("mkl", "onednn", "numba", "blas")
+# From this many rows the "onednn" kind multiplies with oneDNN's packed weights, below with numba's
+# kernels: at B = 4 both took 1.4 ms for the head, at B = 1 numba 0.75 ms and oneDNN 2.2 ms.
+ONEDNN_MIN_ROWS = 8
 SPLIT_FLOPS = 1 << 24  # a product of more FLOPs than this (and any weight over 4 MiB) is shared out
 # Batch sizes whose packed weights stay: each is a copy of every weight, and more (lab-cpu's 63 MB
 # of products took 126 MiB more resident memory at B = 16); a new batch size repacks (~50 ms).
 MKL_PACKS_KEPT = 1
+# numba's products share out every weight of at least this size (a decode step's smallest, 256 x 256
+# fp32, is 256 KiB): read from memory, one core streams it at well under half of what two do.
+NUMBA_SHARED_MIN_BYTES = 128 << 10
 
 
 def cpu_vendor() -> str:
@@ -68,6 +79,17 @@ def mkl_packing_available() -> tuple[bool, str]:
     return True, "an Intel CPU and torch's MKL"
 
 
+def onednn_packing_available() -> tuple[bool, str]:
+    """(can oneDNN's packed weights be used here?, why or why not)."""
+    if not torch.backends.mkldnn.is_available():
+        return False, "this torch has no oneDNN"
+    try:
+        torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False, "this torch has no packed oneDNN linear"
+    return True, "torch's oneDNN"
+
+
 def choose_kind(kind: str | None = None) -> tuple[str, str]:
     """(kind, reason): `kind` or LABKIT_CPU_LINEAR when given, else the first that applies."""
     kind = kind or os.environ.get("LABKIT_CPU_LINEAR") or None
@@ -76,12 +98,18 @@ def choose_kind(kind: str | None = None) -> tuple[str, str]:
             raise LabError(f"CPU linear {kind!r} unknown; known: {', '.join(KINDS)}")
         if kind == "mkl" and not mkl_packing_available()[0]:
             raise LabError(f"CPU linear 'mkl' asked for, but {mkl_packing_available()[1]}")
-        if kind == "numba" and not cpu_kernels.AVAILABLE:
-            raise LabError("CPU linear 'numba' asked for, but numba is not installed")
+        if kind in ("numba", "onednn") and not cpu_kernels.AVAILABLE:
+            raise LabError(f"CPU linear {kind!r} asked for, but numba is not installed")
+        if kind == "onednn" and not onednn_packing_available()[0]:
+            raise LabError(f"CPU linear 'onednn' asked for, but {onednn_packing_available()[1]}")
         return kind, f"{kind} products asked for"
     mkl_ok, mkl_why = mkl_packing_available()
     if mkl_ok:
         return "mkl", f"MKL's packed weights ({mkl_why})"
+    onednn_ok, _ = onednn_packing_available()
+    if cpu_kernels.AVAILABLE and onednn_ok:
+        return "onednn", (f"numba's kernels below {ONEDNN_MIN_ROWS} rows, oneDNN's packed weights from there "
+                          f"(no MKL packing: {mkl_why})")
     if cpu_kernels.AVAILABLE:
         return "numba", f"numba's few-row kernel (no MKL packing: {mkl_why})"
     return "blas", f"numpy's BLAS (no MKL packing: {mkl_why}; numba not installed)"
@@ -91,7 +119,8 @@ def prepare(weights, kind: str | None = None):
     """The products for `weights` (torch [out, in] tensors), prepared once: a `Products` whose
     `products(i, x)` is x @ weights[i].T."""
     kind, reason = choose_kind(kind)
-    return {"mkl": MklProducts, "numba": NumbaProducts, "blas": BlasProducts}[kind](weights, reason)
+    return {"mkl": MklProducts, "onednn": OneDnnProducts, "numba": NumbaProducts,
+            "blas": BlasProducts}[kind](weights, reason)
 
 
 class MklProducts:
@@ -184,19 +213,49 @@ class NumbaProducts:
         return nullcontext()
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
-        """x @ w.T: a small product on this thread (waking another costs more than it saves, as
-        in `cpu_blas`), a large one in column groups on every core."""
+        """x @ w.T: a small product on this thread (even numba's hand-off costs more than it
+        saves), any other on every core through numba's own pool (`cpu_kernels.linear_on_cores`)."""
         w, x = self.weights[i], np.ascontiguousarray(x)
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
-        groups = (w.shape[0] + 3) // 4  # the kernel's tasks: 4 output columns each
-        small = w.nbytes <= SINGLE_THREAD_WEIGHT_BYTES and 2 * x.shape[0] * w.size <= SINGLE_THREAD_FLOPS
-        if small or CORES < 2:
-            cpu_kernels.few_rows_linear(x, w, out, 0, groups)
-            return out
-        parts = min(CORES, MAX_WORKERS)
-        on_every_core(lambda p: cpu_kernels.few_rows_linear(x, w, out, groups * p // parts,
-                                                            groups * (p + 1) // parts), parts)
+        if w.nbytes < NUMBA_SHARED_MIN_BYTES or CORES < 2:
+            cpu_kernels.linear_columns(x, w, out, 0, w.shape[0])
+        else:
+            cpu_kernels.linear_on_cores(x, w, out, min(CORES, MAX_WORKERS))
         return out
+
+
+class OneDnnProducts:
+    """numba's kernels for a few rows, oneDNN's packed weights (one copy per weight, packed for
+    the batch sizes of the last steps as `MklProducts`) for `ONEDNN_MIN_ROWS` rows and more, on
+    torch's threads."""
+
+    name = "onednn"
+
+    def __init__(self, weights, reason):
+        self.few = NumbaProducts(weights, reason)
+        self.weights = [torch.from_numpy(w) for w in self.few.weights]  # [out, in], contiguous
+        self.reason = reason
+        self.packs: OrderedDict[int, list] = OrderedDict()  # batch size -> packed weight per product
+
+    def threads(self):
+        """A context for the step's products: torch (oneDNN) on every core, numba's on its own pool."""
+        return _TorchThreads(min(CORES, MAX_WORKERS))
+
+    def _packed(self, rows: int) -> list:
+        packs = self.packs.get(rows)
+        if packs is None:
+            packs = self.packs[rows] = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in self.weights]
+            while len(self.packs) > MKL_PACKS_KEPT:
+                self.packs.popitem(last=False)
+        self.packs.move_to_end(rows)
+        return packs
+
+    def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
+        rows = x.shape[0]
+        if rows < ONEDNN_MIN_ROWS:
+            return self.few(i, x)
+        xt = torch.from_numpy(np.ascontiguousarray(x))
+        return torch.ops.mkldnn._linear_pointwise(xt, self._packed(rows)[i], None, "none", [], "").numpy()
 
 
 class BlasProducts:

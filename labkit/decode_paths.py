@@ -2,7 +2,7 @@
 
     path = choose_decode_path(model)     # at construction; `model.decode_path`
     logits = path.step(tokens, cache, cache.decode_plan())
-    path.name     # "mkl+numba" | "numba" | "numpy" | "torch" | "triton" | "triton+graph": a decode
+    path.name     # "mkl+numba" | "onednn+numba" | "numba" | "numpy" | "torch" | "triton" | "triton+graph": a decode
                   # point's "kernels" (the CPU step's: its products + its attention, see cpu_decode)
     path.reason   # why this path (and why not the others): a decode point's "decode_reason"
 

@@ -38,6 +38,25 @@ def test_few_rows_linear_equals_its_reference(rows, out_features):
     assert_close(out, ref, f"{rows} x 96 @ 96 x {out_features}")
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 13, 16])
+@pytest.mark.parametrize("out_features", [4, 10, 257])
+def test_linear_columns_and_on_cores_equal_the_reference(rows, out_features):
+    """Each loop `linear_columns` picks by the number of rows (plain, pairs of weight rows, 4 x 4
+    tiles) over column slices that split it unevenly, and `linear_on_cores` in 1-3 shares."""
+    x = rng(2).standard_normal((rows, 96), dtype=np.float32)
+    w = rng(3).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
+    ref = cpu_kernels.few_rows_linear_reference(x, w)
+    out = np.full((rows, out_features), np.nan, np.float32)
+    middle = out_features // 8 * 4  # a multiple of 4, as linear_on_cores cuts
+    cpu_kernels.linear_columns(x, w, out, 0, middle)
+    cpu_kernels.linear_columns(x, w, out, middle, out_features)
+    assert_close(out, ref, f"linear_columns, {rows} x 96 @ 96 x {out_features}")
+    for parts in (1, 2, 3):
+        out[:] = np.nan
+        cpu_kernels.linear_on_cores(x, w, out, parts)
+        assert_close(out, ref, f"linear_on_cores({parts}), {rows} x 96 @ 96 x {out_features}")
+
+
 # ------------------------------------------------------------------ widening the cache as stored
 @numba.njit
 def _widen_all(codes, out):
@@ -80,15 +99,15 @@ def test_exp_nonpositive_is_fp32_accurate():
 # ------------------------------------------------------------------ decode attention
 def stored_cache(kind, shape, seed):
     """(K or V as stored, its per-token scales or None) from random O(1) values, quantised as
-    KVCache does (kernels.kv_quant's reference for int8/fp8)."""
-    from kernels.kv_quant import quantize_kv_reference
+    KVCache does (labkit.kvcache.quantize for int8/fp8: no triton, as on macOS and Windows)."""
+    from labkit.kvcache import quantize
     x = torch.from_numpy(rng(seed).standard_normal(shape, dtype=np.float32))
     if kind == "fp32":
         return x.numpy(), None
     if kind in ("bf16", "fp16"):
         bits = x.to(torch.bfloat16 if kind == "bf16" else torch.float16).view(torch.int16).numpy()
         return (bits.view(np.uint16) if kind == "bf16" else bits), None
-    q, scale = quantize_kv_reference(x, kind)
+    q, scale = quantize(x, kind)
     if kind == "fp8":
         return q.view(torch.uint8).numpy(), None
     return q.numpy(), scale.numpy()
@@ -120,13 +139,16 @@ def test_decode_attention_equals_its_reference(kind, G):
 WEIGHTS = [torch.randn(257, 96, generator=torch.Generator().manual_seed(6)),
            torch.randn(96, 40, generator=torch.Generator().manual_seed(7)).t().contiguous().t()]  # [in, out] storage
 KINDS = ["numba", "blas", pytest.param("mkl", marks=pytest.mark.skipif(
-    not cpu_linear.mkl_packing_available()[0], reason=cpu_linear.mkl_packing_available()[1]))]
+    not cpu_linear.mkl_packing_available()[0], reason=cpu_linear.mkl_packing_available()[1])),
+    pytest.param("onednn", marks=pytest.mark.skipif(
+        not cpu_linear.onednn_packing_available()[0], reason=cpu_linear.onednn_packing_available()[1]))]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("rows", [1, 5, 8, 16])
 def test_each_kind_of_products_equals_the_reference(kind, rows, monkeypatch):
-    monkeypatch.setattr(cpu_linear, "SINGLE_THREAD_WEIGHT_BYTES", 0)  # numba's shared out to every core too
+    monkeypatch.setattr(cpu_linear, "SINGLE_THREAD_WEIGHT_BYTES", 0)  # MKL's blocks shared out to every core
+    monkeypatch.setattr(cpu_linear, "NUMBA_SHARED_MIN_BYTES", 0)  # and numba's products
     products = cpu_linear.prepare(WEIGHTS, kind)
     assert products.name == kind and kind in products.reason
     for i, w in enumerate(WEIGHTS):
@@ -143,17 +165,34 @@ def test_mkl_keeps_the_packs_of_the_last_batch_sizes():
     assert list(products.packs) == [16, 4][-cpu_linear.MKL_PACKS_KEPT:]
 
 
+@pytest.mark.skipif(not cpu_linear.onednn_packing_available()[0], reason="no oneDNN packing here")
+def test_onednn_packs_only_from_its_row_count_and_keeps_the_last():
+    products = cpu_linear.prepare(WEIGHTS, "onednn")
+    products(0, np.ones((cpu_linear.ONEDNN_MIN_ROWS - 1, 96), np.float32))  # numba's: nothing packed
+    assert not products.packs
+    for rows in (8, 16, 8):
+        products(0, np.ones((rows, 96), np.float32))
+    assert list(products.packs) == [16, 8][-cpu_linear.MKL_PACKS_KEPT:]
+
+
 def test_the_choice_of_products(monkeypatch):
-    """MKL's packing only on an Intel CPU; else numba's kernel; else numpy's BLAS; a forced kind
-    that cannot run, or an unknown one, is one clear error; LABKIT_CPU_LINEAR forces too."""
+    """MKL's packing only on an Intel CPU; else numba's kernels with oneDNN's packing; else
+    numba's alone; else numpy's BLAS; a forced kind that cannot run, or an unknown one, is one
+    clear error; LABKIT_CPU_LINEAR forces too."""
     monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(cpu_linear, "onednn_packing_available", lambda: (True, "torch's oneDNN"))
+    kind, why = cpu_linear.choose_kind()
+    assert kind == "onednn" and "AuthenticAMD" in why
+    monkeypatch.setattr(cpu_linear, "onednn_packing_available", lambda: (False, "this torch has no oneDNN"))
     kind, why = cpu_linear.choose_kind()
     assert kind == "numba" and "AuthenticAMD" in why
+    with pytest.raises(LabError, match="'onednn' asked for, but this torch has no oneDNN"):
+        cpu_linear.choose_kind("onednn")
     with pytest.raises(LabError, match="'mkl' asked for"):
         cpu_linear.choose_kind("mkl")
     monkeypatch.setenv("LABKIT_CPU_LINEAR", "blas")
     assert cpu_linear.choose_kind()[0] == "blas"
-    with pytest.raises(LabError, match="known: mkl, numba, blas"):
+    with pytest.raises(LabError, match="known: mkl, onednn, numba, blas"):
         cpu_linear.choose_kind("gemm")
     monkeypatch.delenv("LABKIT_CPU_LINEAR")
     monkeypatch.setattr(cpu_kernels, "AVAILABLE", False)

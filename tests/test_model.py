@@ -179,15 +179,17 @@ STEP_TOL = {dtype: NUMPY_TOL for dtype in ("fp32", "fp8", "int8")}
 STEP_TOL.update({dtype: dict(zip(("atol", "rtol"), float_tolerance(dtype))) for dtype in ("bf16", "fp16")})
 NUMBA = cpu_kernels.AVAILABLE
 MKL = cpu_linear.mkl_packing_available()[0]
+ONEDNN = cpu_linear.onednn_packing_available()[0]
 # (products, attention) of the CPU step: the default, each forced fallback, the pre-numba step
 CPU_STEPS = [(None, None), pytest.param("numba", "numba", marks=pytest.mark.skipif(not NUMBA, reason="no numba")),
              pytest.param("mkl", "numba", marks=pytest.mark.skipif(not (MKL and NUMBA), reason="no MKL packing")),
+             pytest.param("onednn", "numba", marks=pytest.mark.skipif(not (ONEDNN and NUMBA), reason="no oneDNN")),
              ("blas", "numpy")]
 
 
 @pytest.mark.parametrize("linear, attention", CPU_STEPS)
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES + ("fp16",))
-@pytest.mark.parametrize("batch, lengths", [(1, "equal"), (3, "equal"), (6, "equal"), (3, "mixed"),
+@pytest.mark.parametrize("batch, lengths", [(1, "equal"), (3, "equal"), (6, "equal"), (3, "mixed"), (8, "equal"), (13, "equal"),
                                             (3, "equal, split over the cores"),
                                             (3, "mixed, split over the cores"),
                                             (1, "equal, split over the cores")])
@@ -198,11 +200,16 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
     stored; without numba an fp32 cache at equal lengths attends in numpy, any other in torch."""
     if "split" in lengths:
         monkeypatch.setattr(cpu_decode, "ATTENTION_SPLIT_MIN_BYTES", 0)  # this small cache split too
+        monkeypatch.setattr(cpu_decode, "NUMPY_ATTENTION_SPLIT_MIN_BYTES", 0)
         monkeypatch.setattr(cpu_decode, "CORES", 2)
-    shared_out = []  # the parts each split attention handed to the cores
+    shared_out = []  # the parts each split attention handed to the cores (numpy's: a Python pool; numba's: its own)
     real_on_every_core = cpu_decode.on_every_core
     monkeypatch.setattr(cpu_decode, "on_every_core",
                         lambda run, parts: (shared_out.append(parts), real_on_every_core(run, parts))[1])
+    if NUMBA:
+        real_on_cores = cpu_kernels.decode_attention_on_cores
+        monkeypatch.setattr(cpu_kernels, "decode_attention_on_cores",
+                            lambda *args: (shared_out.append(args[-1]), real_on_cores(*args))[1])
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=3)
                    for _ in range(2))
     if linear is not None:
@@ -241,6 +248,7 @@ def assert_same_codes(a, b, cache_dtype):
     torch.testing.assert_close(a, b, **ONE_CODE[cache_dtype])
 
 
+@pytest.mark.triton  # its last model runs the Triton path (in the interpreter)
 def test_cpu_decode_step_only_for_fp32_on_the_cpu():
     fp32 = Llama(TINY, batch=1, max_tokens=8, device="cpu")
     assert isinstance(fp32.decode_path, cpu_decode.CpuDecode) and fp32.decode_path.reason.startswith("CPU, fp32")
@@ -253,14 +261,14 @@ def test_cpu_decode_step_only_for_fp32_on_the_cpu():
 
 def test_cpu_decode_step_says_what_runs_and_why(monkeypatch):
     """The name is a decode point's "kernels": its products and its attention. MKL's packing is
-    kept to Intel CPUs; another vendor gets numba's products, and without numba the step is the
-    numpy step it was."""
+    kept to Intel CPUs; another vendor gets numba's products (with oneDNN's packing from
+    `ONEDNN_MIN_ROWS` rows where torch has it), and without numba the step is the numpy step it was."""
     model = Llama(TINY, batch=1, max_tokens=8, device="cpu")
-    expected = ("mkl+numba" if MKL else "numba") if NUMBA else "numpy"
+    expected = ("mkl+numba" if MKL else "onednn+numba" if ONEDNN else "numba") if NUMBA else "numpy"
     assert model.decode_path.name == expected, model.decode_path.reason
     monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "AuthenticAMD")
     amd = cpu_decode.CpuDecode(model)
-    assert amd.products.name == ("numba" if NUMBA else "blas")
+    assert amd.products.name == (("onednn" if ONEDNN else "numba") if NUMBA else "blas")
     if MKL:
         assert "AuthenticAMD" in amd.reason, amd.reason
     monkeypatch.setattr(cpu_kernels, "AVAILABLE", False)
@@ -329,6 +337,7 @@ def test_footprint_refused_before_allocation(monkeypatch):
 
 
 # ------------------------------------------------------------------ the CUDA path (kernels/)
+@pytest.mark.triton
 @pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="no CUDA and TRITON_INTERPRET was not set before triton import")
 # fp8 is left to the GPU test: the interpreter's in-kernel fp32 -> fp8 cast is faulty.
@@ -352,6 +361,7 @@ def test_triton_path_matches_torch_path(cache_dtype):
     assert_close(chunk, expected[:, 0], tol, f"triton chunked prefill, {cache_dtype} cache")
 
 
+@pytest.mark.triton
 @pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="no CUDA and TRITON_INTERPRET was not set before triton import")
 @pytest.mark.parametrize("lengths", ["equal", "mixed"])
