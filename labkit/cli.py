@@ -3,6 +3,7 @@
     python -m labkit predict prefill --model llama-3.1-8b --gpu H100-SXM --prompt 2000 --json
     python -m labkit predict decode --gpu H200 --context 8192 --batch 64 --cache-dtype fp8
     python -m labkit gpus | models | calibrate [--refresh] | measure prefill|decode [--bracket] | bench
+    python -m labkit breakdown prefill|decode [--prompt P | --batch B --context S --cache-dtype D] [--json]
 
 Every number comes from `labkit.roofline` (predict), `labkit.calibrate` or `labkit.sweeps`
 (measure); this module only parses, validates and prints: rates and times as labkit.units writes
@@ -212,6 +213,29 @@ def run_measure(args) -> dict:
     return point
 
 
+def run_breakdown(args) -> dict:
+    """One real step timed whole and in parts on this machine (labkit.breakdown): products,
+    attention, everything else and overhead, each beside its roof, and where the step's fraction
+    of peak (prefill) or of bandwidth (decode) comes from."""
+    from . import backend, explore, sizes  # backend imports torch
+    here = backend.choose_device(args.device)
+    settings = sizes.lab_settings(here.device)
+    model = get_model(args.model or settings["model"])
+    batch = settings["batch"][3] if args.batch is None else args.batch
+    _in_range("--batch", batch, 1, MAX_BATCH)
+    from . import breakdown  # the model and its kernels: only `breakdown` and `measure` need them
+    if args.phase == "prefill":
+        prompt = settings["prompt"][3] if args.prompt is None else args.prompt
+        _in_range("--prompt", prompt, 1, model.max_context, model.name)
+        result = breakdown.prefill_breakdown(model, prompt, batch, here.device, args.cache_dtype)
+    else:
+        context = settings["context"][3] if args.context is None else args.context
+        _in_range("--context", context, 0, model.max_context, model.name)
+        result = breakdown.decode_breakdown(model, batch, context, args.cache_dtype or settings["cache_dtype"],
+                                            here.device)
+    return {**result, "summary": explore.breakdown_line(result)}
+
+
 def run_bench(args) -> dict:
     """`make bench`: issue 13's tables, each point bracketed, written as one recording (labkit.bench)."""
     from . import bench  # the model, torch and the calibration: only `bench` needs them
@@ -313,6 +337,11 @@ def _print_human(command: str, result: dict):
         for name, ratio in result["ratios"].items():
             print(f"{name.replace('_', ' ')}: measured {ratio['measured']:.2f}, predicted {ratio['predicted']:.2f}")
         print(f"recording: {result['recording']}")
+    elif command == "breakdown":
+        _print_rows(result["categories"], ["name", "time_s", "share", "roof_time_s", "roof_fraction", "flops",
+                                           "bytes", "contributed_fraction"])
+        _print_pairs({k: v for k, v in result.items() if k != "summary"})
+        print(result["summary"])
     else:
         _print_pairs(result)
 
@@ -342,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     measure.add_argument("phase", choices=("prefill", "decode"))
     _add_measure_options(measure)
     measure.set_defaults(handler=run_measure)
+    parts = commands.add_parser("breakdown", help="where one real step's time goes: products, attention, "
+                                                  "everything else, overhead, each beside its roof (CPU)")
+    parts.add_argument("phase", choices=("prefill", "decode"))
+    _add_measure_options(parts, bracket=False)
+    parts.set_defaults(handler=run_breakdown)
     bench = commands.add_parser("bench", help="issue 13's tables measured with the bracket, into one recording")
     bench.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA if present (or LABKIT_DEVICE)")
     bench.add_argument("--model", help="default: lab-cpu on the CPU, llama-3.1-8b on CUDA")
@@ -368,16 +402,17 @@ def _add_predict_options(sub):
     sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
-def _add_measure_options(sub):
+def _add_measure_options(sub, bracket: bool = True):
     sub.add_argument("--model", help="default: lab-cpu on the CPU, llama-3.1-8b on CUDA")
     sub.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA if present (or LABKIT_DEVICE)")
     sub.add_argument("--prompt", type=int, help="prompt tokens P (prefill); default: the lab's slider default")
     sub.add_argument("--context", type=int, help="cached tokens S per sequence (decode)")
     sub.add_argument("--batch", type=int, help=f"sequences B, 1..{MAX_BATCH}")
     sub.add_argument("--cache-dtype", choices=roofline.CACHE_DTYPES, help="default: fp32 on the CPU, bf16 on CUDA")
-    sub.add_argument("--bracket", action="store_true",
-                     help="measure the memory bandwidth just before and after, and add the roof fraction "
-                          "against it (a shared machine's bandwidth drifts; ~1 s more on a CPU)")
+    if bracket:
+        sub.add_argument("--bracket", action="store_true",
+                         help="measure the memory bandwidth just before and after, and add the roof fraction "
+                              "against it (a shared machine's bandwidth drifts; ~1 s more on a CPU)")
     sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 

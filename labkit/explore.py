@@ -329,6 +329,57 @@ def growth_line(g: dict, x_name: str = "P") -> str:
             f"{g['linear_only_ratio']:.1f}× without{noisy}.")
 
 
+
+# ---- lessons 02 and 04: where the time of one measured step goes (`breakdown`)
+def breakdown_setting(b: dict) -> str:
+    """What a `breakdown` record measured, in a few words: "prefill of P=1,024, B=1" or "decode
+    step at B=1, S=1,024, fp32 cache"."""
+    if b["phase"] == "prefill":
+        return f"prefill of P={b['prompt_tokens']:,}, B={b['batch']:,}"
+    return f"decode step at B={b['batch']:,}, S={b['context_tokens']:,}, {b['cache_dtype']} cache"
+
+
+def breakdown_bars(b: dict) -> dict:
+    """A `breakdown` record as chart data: each part's measured time and its time at the roof (ms),
+    each with a hover line, and the whole step at the chapter's planning fraction."""
+    rows = b["categories"]
+    measured_hover, roof_hover = [], []
+    for row in rows:
+        roof = f", {row['roof_fraction']:.0%} of its roof" if row["roof_fraction"] is not None else ""
+        measured_hover.append(f"{row['name']}: {format_seconds(row['time_s'])}, {row['share']:.0%} of the step{roof} "
+                              f"({row['what']})")
+        roof_hover.append(f"{row['name']} at the roof: {format_seconds(row['roof_time_s'])} ({row['bound']}-bound)"
+                          if row["bound"] else f"{row['name']}: no time on the roofline")
+    return {"parts": [row["category"] for row in rows], "names": [row["name"] for row in rows],
+            "measured_ms": [1e3 * row["time_s"] for row in rows], "roof_ms": [1e3 * row["roof_time_s"] for row in rows],
+            "measured_hover": measured_hover, "roof_hover": roof_hover, "plan_ms": 1e3 * b["planned_time_s"],
+            "plan_label": f"the whole step at {b['plan_fraction']:.0%} of {b['measured_by']}",
+            "title": f"Where the time goes: {b['model']}, {breakdown_setting(b)}, on {b['device_name']}"
+                     + (" (noisy)" if b.get("noisy") else "")}
+
+
+def breakdown_line(b: dict) -> str:
+    """Where a step's fraction of the roof comes from, in sentences: the whole step's fraction
+    of peak FLOP/s (prefill) or of bandwidth (decode) beside the chapter's plan, then each part's
+    share of the time, its own fraction and the points it contributes (share x fraction; the
+    points add up to the whole step's). Says so when the run was noisy or its parts outran it."""
+    rate = b["measured_by"] if b["measured_by"] == "peak FLOP/s" else f"the {b['roof_tier']} bandwidth"
+    points = lambda x: f"{100 * x:.0f} point{'' if round(100 * x) == 1 else 's'}"  # noqa: E731
+    parts = []
+    for row in b["categories"]:
+        at = (f" at {row['rate_fraction']:.0%} of {'peak' if b['phase'] == 'prefill' else 'it'}"
+              if row["rate_fraction"] else "")
+        parts.append(f"{row['name']} {row['share']:.0%} of the time{at} ({points(row['contributed_fraction'])})")
+    notes = []
+    if b["parts_exceed_whole"]:
+        notes.append(f"the parts summed to {b['parts_time_s'] / b['time_s'] - 1:.1%} more than the whole step, "
+                     "so its overhead is below the timing's resolution and shown as 0")
+    if b["noisy"]:
+        notes.append("noisy: the machine was busy, run it again when it is quieter")
+    return (f"On {b['device_name']}, this {breakdown_setting(b)} ran at {b['step_fraction']:.0%} of {rate} "
+            f"(the chapter plans {b['plan_fraction']:.0%}). Each part adds its share of the time times its own "
+            f"fraction: {'; '.join(parts)}." + "".join(f" Note: {note}." for note in notes))
+
 # ---- lesson 03: FlashAttention
 def attention_traffic(prompts: list[int], heads: int, kv_heads: int, head_dim: int, dtype: str = "bf16",
                       block_m: int = 128, score_dtype: str = "bf16") -> dict:

@@ -556,3 +556,92 @@ def naive_attention_footprint_bytes(batch: int, heads: int, query_tokens: int, k
     per query head exist at once (2: the scores and the softmax's output while it is computed).
     Ignores the O(P d) inputs, their fp32 copies and the output, small beside P x S."""
     return live_matrices * batch * heads * query_tokens * key_tokens * BYTES_PER_ELEMENT[_check_dtype(score_dtype)]
+
+
+# ---------------------------------------------------------------- one step by category (labkit.breakdown)
+# A step's parts as `labkit.clock` times them: the weight matrices' products, attention, and
+# everything else the layers do (norms, RoPE, SiLU, residual adds, cache writes, the embedding).
+STEP_CATEGORIES = ("products", "attention", "other")
+
+
+def elementwise_bytes_per_position(model: ModelSpec, dtype: str = "bf16", cache_dtype: str = "bf16") -> int:
+    """What one position's work outside the products and attention moves, through every layer,
+    each operand read and each result written once: per layer the two RMS norms (d read, d
+    written, each), RoPE on q and k (q + kv read and written), the new K and V into the cache
+    (2 kv read in `dtype`, written in `cache_dtype` with int8's scales: `kv_bytes_per_token` / L),
+    SwiGLU's silu(gate) * up (2 ffn read, ffn written) and the two residual adds (2 d read, d
+    written, each); plus the embedding row gathered (d read, d written). In `dtype` elements per
+    layer: 10 d + 2 q + 4 kv + 3 ffn. Ignores relayouts a kernel could fuse away, the norms'
+    weights (d each, read once per call, not per position) and that such small operands often
+    stay in a cache between operations."""
+    d, q, kv, ffn = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
+    element = BYTES_PER_ELEMENT[_check_dtype(dtype)]
+    per_layer = (10 * d + 2 * q + 4 * kv + 3 * ffn) * element
+    return model.n_layers * per_layer + kv_bytes_per_token(model, cache_dtype) + 2 * d * element
+
+
+def elementwise_bytes(model: ModelSpec, positions: int, sequences: int, dtype: str = "bf16",
+                      cache_dtype: str = "bf16") -> int:
+    """Everything else one pass moves: `positions` positions through every layer
+    (`elementwise_bytes_per_position`; B x P in a prefill, B in a decode step) and the final norm
+    of the `sequences` positions whose logits are computed (d read, d written, each)."""
+    element = BYTES_PER_ELEMENT[_check_dtype(dtype)]
+    return (positions * elementwise_bytes_per_position(model, dtype, cache_dtype)
+            + sequences * 2 * model.hidden_size * element)
+
+
+def prefill_attention_bytes(model: ModelSpec, prompt_tokens: int, batch: int = 1, dtype: str = "bf16") -> int:
+    """What the attention calls of one prefill (no cached prefix) move, every layer, at best:
+    `flash_attention_bytes` with K and V read once per kv head, Q read and O written once."""
+    return model.n_layers * flash_attention_bytes(batch, model.n_heads, prompt_tokens, prompt_tokens,
+                                                  model.head_dim, dtype, model.n_kv_heads)
+
+
+def decode_linear_flops(model: ModelSpec, batch: int, params: str = "matmul") -> int:
+    """The products of one decode step: 2 FLOPs per weight for each of `batch` new tokens, 2 B N
+    (`decode_flops_per_step` less its attention)."""
+    return batch * 2 * param_count(model, params)
+
+
+def decode_step_attention_flops(model: ModelSpec, batch: int, context_tokens: int) -> int:
+    """The attention of one decode step, every layer: L x `decode_attention_flops`, as
+    `decode_flops_per_step` counts it (over `context_tokens` keys)."""
+    return model.n_layers * decode_attention_flops(batch, model.n_heads, model.head_dim, context_tokens)
+
+
+def decode_step_attention_bytes(model: ModelSpec, batch: int, context_tokens: int, cache_dtype: str = "bf16",
+                                q_dtype: str = "bf16") -> int:
+    """What the attention of one decode step moves, every layer: L x `decode_attention_bytes` (the
+    cache of `context_tokens` positions per sequence with its scales, q read and the output written)."""
+    return model.n_layers * decode_attention_bytes(batch, model.n_heads, model.n_kv_heads, context_tokens,
+                                                   model.head_dim, cache_dtype, q_dtype)
+
+
+def prefill_work_by_category(model: ModelSpec, prompt_tokens: int, batch: int = 1, dtype: str = "bf16",
+                             cache_dtype: str = "bf16", counting: Counting = KERNEL) -> dict[str, dict[str, int]]:
+    """One prefill of `batch` prompts (no cached prefix) by `STEP_CATEGORIES`, each {"flops",
+    "bytes"}: products `prefill_linear_flops` over the weights read once (`weight_bytes`);
+    attention `prefill_attention_flops` over `prefill_attention_bytes`; everything else no FLOPs
+    counted (O(P d) beside O(P N)) over `elementwise_bytes`. The products' and attention's FLOPs
+    sum to `prefill_flops`."""
+    return {"products": {"flops": prefill_linear_flops(model, prompt_tokens, batch, counting.params),
+                         "bytes": weight_bytes(model, dtype, counting.params)},
+            "attention": {"flops": prefill_attention_flops(model, prompt_tokens, batch, counting.attention),
+                          "bytes": prefill_attention_bytes(model, prompt_tokens, batch, dtype)},
+            "other": {"flops": 0, "bytes": elementwise_bytes(model, batch * prompt_tokens, batch, dtype, cache_dtype)}}
+
+
+def decode_work_by_category(model: ModelSpec, batch: int, context_tokens: int, dtype: str = "bf16",
+                            cache_dtype: str = "bf16", counting: Counting = KERNEL) -> dict[str, dict[str, int]]:
+    """One decode step of `batch` sequences over `context_tokens` cached tokens each, by
+    `STEP_CATEGORIES`, each {"flops", "bytes"}: products `decode_linear_flops` over the weights
+    read once; attention `decode_step_attention_flops` over `decode_step_attention_bytes` (the
+    cache read as stored); everything else no FLOPs counted over `elementwise_bytes` (B positions,
+    the new token's cache write included). The products' and attention's FLOPs sum to
+    `decode_flops_per_step`; their bytes exceed `decode_bytes_per_step` by q and the attention
+    output (and fp8's scales)."""
+    return {"products": {"flops": decode_linear_flops(model, batch, counting.params),
+                         "bytes": weight_bytes(model, dtype, counting.params)},
+            "attention": {"flops": decode_step_attention_flops(model, batch, context_tokens),
+                          "bytes": decode_step_attention_bytes(model, batch, context_tokens, cache_dtype, dtype)},
+            "other": {"flops": 0, "bytes": elementwise_bytes(model, batch, batch, dtype, cache_dtype)}}

@@ -493,6 +493,55 @@ def prefill_split_figure(split: dict, title: str, x_title: str = "prompt tokens 
     return fig
 
 
+
+# ---- lessons 02 and 04: where the time of one measured step goes
+PART_COLOURS = {"products": LINEAR["color"], "attention": ATTENTION["color"], "other": "#2ca02c",
+                "overhead": "#7f7f7f"}
+BREAKDOWN_ROWS = ("measured", "each part at its roof", "the chapter's plan")
+
+
+def breakdown_figure(title: str = "") -> LiveFigure:
+    """Horizontal stacked bars from `explore.breakdown_bars`: the measured step split into its
+    parts (products, attention, everything else, overhead), the same parts at their roofline
+    times, and the whole step at the chapter's planning fraction."""
+    fig = LiveFigure()
+    for part, colour in PART_COLOURS.items():
+        fig.add_bar(y=[], x=[], orientation="h", name=part, marker=dict(color=colour), hoverinfo="text",
+                    texttemplate="%{x:,.3~r}", textposition="inside")
+    fig.add_bar(y=[], x=[], orientation="h", name="", marker=PLAN_BAR, hoverinfo="text", showlegend=False,
+                texttemplate="%{x:,.3~r}", textposition="inside")
+    fig.update_xaxes(title="time of one step (ms)", rangemode="tozero")
+    fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=list(BREAKDOWN_ROWS))
+    fig.update_layout(title=title, height=330, barmode="stack", legend=dict(orientation="h", y=-0.3),
+                      margin=dict(l=170))
+    return fig
+
+
+def set_breakdown(fig: LiveFigure, bars: dict):
+    """Put `explore.breakdown_bars` into a `breakdown_figure`: one trace per part, then the plan."""
+    measured, roof, plan = BREAKDOWN_ROWS
+    with fig.batch_update():
+        for i, name in enumerate(bars["names"]):
+            trace = fig.data[i]
+            trace.name, trace.y = name, [measured, roof]
+            trace.x = [bars["measured_ms"][i], bars["roof_ms"][i]]
+            trace.hovertext = [bars["measured_hover"][i], bars["roof_hover"][i]]
+        fig.data[-1].y, fig.data[-1].x = [plan], [bars["plan_ms"]]
+        fig.data[-1].hovertext = [bars["plan_label"]]
+        fig.layout.title.text = bars["title"]
+
+
+class BreakdownLab(LessonWidget):
+    """Controls that re-run one step's breakdown when released: `measure(**values) -> record` is
+    one labkit call (`breakdown.bind_prefill` / `bind_decode`), drawn as stacked bars beside the
+    roof, with `explore.breakdown_line`, where the step's fraction comes from, as the status line."""
+
+    def __init__(self, controls: dict, measure, title: str = ""):
+        self.figure = breakdown_figure(title)
+        super().__init__(controls, [self.figure], measure,
+                         lambda record: set_breakdown(self.figure, explore.breakdown_bars(record)),
+                         explore.breakdown_line, busy="timing one step whole and in parts at")
+
 # ---- lesson 03: FlashAttention
 def error_histogram_figure(results: list[dict], title: str) -> go.Figure:
     """One histogram per `attention.compare_with_reference` result: |flash - naive| per output

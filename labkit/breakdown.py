@@ -1,0 +1,221 @@
+"""Where the time of one measured step goes: matrix products, attention, everything else, overhead,
+each beside its roofline time — the chapter's "where does the 40 % come from?" on this machine.
+
+    b = prefill_breakdown("lab-cpu", prompt_tokens=1024)
+    b = decode_breakdown("lab-cpu", batch=1, context_tokens=1024, cache_dtype="fp32")
+    b["categories"]     # products, attention, other, overhead: time_s, share, roof_time_s, ...
+    b["step_fraction"]  # the whole step's fraction of peak FLOP/s (prefill) or of bandwidth (decode)
+
+How a step is split, honestly: every sample times the real step twice, back to back — once as
+it always runs (`time_s`, the whole) and once with a `clock.Clock` hooked into the model, which
+adds each part's perf_counter seconds to its category (`model.Llama` and `cpu_decode.CpuDecode`
+bracket every product, attention call and elementwise operation). What the brackets leave out of
+the whole — Python between the calls, dispatch, thread hand-offs — is the overhead:
+`time_s - (products + attention + other)`, measured, not guessed. As everywhere on a CPU
+(`timing.sample_until_stable`), each figure is the fastest of its samples once a second confirms
+it; a run whose budget ran out first is flagged noisy. Should the parts ever sum to more than
+the whole (the timer's own cost, ~0.35 us a part, or noise), the overhead shows as 0 and
+`parts_exceed_whole` says so.
+
+The roof beside each part comes from `roofline.prefill_work_by_category` /
+`decode_work_by_category`: its FLOPs at the calibrated matmul peak and its bytes at the bandwidth
+of the step's working set (`roofline.roof_at_working_set`, the roof `sweeps` judges the same step
+by), the slower of the two. Overhead has no roof: on the roofline it takes no time.
+
+The whole step's fraction splits exactly into the parts' contributions: with work W (FLOPs in a
+prefill, bytes in a decode step) and rate R (the peak, or the bandwidth),
+W / (T R) = sum over parts of (t_part / T) x (W_part / (t_part R)): each part's share of the time
+times its own fraction of the rate.
+
+CPU only for now: on CUDA a host bracket times a kernel's launch, not the GPU's work, and the
+decode step is one replayed CUDA graph with no parts to bracket; CUDA is refused with a one-line
+reason rather than answered with launch times.
+"""
+from __future__ import annotations
+
+import numbers
+import time
+
+import torch
+
+from . import backend, calibrate, roofline, sweeps
+from .clock import CATEGORIES, OFF, Clock
+from .errors import LabError
+from .specs import ModelSpec
+from .timing import sample_until_stable
+
+PARTS = (*CATEGORIES, "overhead")  # what a step's time is split into, in the charts' order
+NAMES = {"products": "matrix products", "attention": "attention", "other": "everything else", "overhead": "overhead"}
+WHAT = {"products": "the weight matrices' products (q/k/v, o, gate/up, down, the head)",
+        "attention": "attention over the keys and values",
+        "other": "norms, RoPE, SiLU, residual adds, cache writes, the embedding",
+        "overhead": "what no part brackets: Python between the calls, dispatch, thread hand-offs"}
+CUDA_REFUSED = ("the breakdown runs on the CPU path only for now: it times each part on the host, and on CUDA "
+                "that would time kernel launches, not the GPU's work (set LABKIT_DEVICE=cpu or pass --device cpu)")
+
+
+# ------------------------------------------------------------------ one step, split
+def prefill_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, prompt_tokens: int = 1024, batch: int = 1,
+                      device: str | None = None, cache_dtype: str | None = None,
+                      budget_s: float | None = None) -> dict:
+    """Time one prefill of `batch` random prompts of `prompt_tokens` tokens whole and in parts
+    (cache in the compute dtype unless `cache_dtype` is given); `budget_s` shortens the timing
+    (default `sweeps.CPU_BUDGET_S`)."""
+    built = _cpu_model(model, device)
+    spec, dtype = built.spec, built.compute_dtype
+    _check(spec, batch, prompt_tokens, "prompt_tokens", low=1)
+    cache_dtype = cache_dtype or dtype
+    _cache_for(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
+    tokens = _random_tokens(spec, (batch, prompt_tokens))
+    timings = _time_parts(built, lambda: built.prefill(tokens), lambda: None, budget_s)
+    work = roofline.prefill_work_by_category(spec, prompt_tokens, batch, dtype, cache_dtype)
+    working_set = roofline.prefill_bytes(spec, prompt_tokens, batch, dtype, cache_dtype, roofline.KERNEL.params)
+    return _split("prefill", built, timings, work, working_set, "flops",
+                  prompt_tokens=prompt_tokens, batch=batch, cache_dtype=cache_dtype)
+
+
+def decode_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, batch: int = 1, context_tokens: int = 1024,
+                     cache_dtype: str = "fp32", device: str | None = None, budget_s: float | None = None) -> dict:
+    """Time one decode step of `batch` sequences over `context_tokens` cached tokens each (the
+    cache filled with random values, as `sweeps.measure_decode` does) whole and in parts."""
+    built = _cpu_model(model, device)
+    spec, dtype = built.spec, built.compute_dtype
+    _check(spec, batch, context_tokens, "context_tokens", low=0)
+    cache = _cache_for(built, batch, context_tokens + 1, cache_dtype, 1)  # no prefill
+    if cache.filled_tokens < context_tokens:  # what a real cache holds, read the same way
+        cache.fill_random(cache.max_tokens - 1)
+    tokens = _random_tokens(spec, (batch,))
+
+    def back():  # every timed step appends a token: back to the same context before the next
+        cache.set_lengths(context_tokens, active=True)
+
+    back()
+    timings = _time_parts(built, lambda: built.decode_step(tokens), back, budget_s)
+    work = roofline.decode_work_by_category(spec, batch, context_tokens, dtype, cache_dtype)
+    working_set = roofline.decode_bytes_per_step(spec, batch, context_tokens, dtype, cache_dtype,
+                                                 roofline.KERNEL.params)
+    return _split("decode", built, timings, work, working_set, "bytes", batch=batch,
+                  context_tokens=context_tokens, cache_dtype=cache_dtype)
+
+
+def bind_prefill(model: ModelSpec | str = sweeps.DEFAULT_MODEL, **fixed):
+    """measure(**control_values) -> prefill_breakdown(model, **fixed, **control_values), for a view."""
+    return lambda **values: prefill_breakdown(model, **{**fixed, **values})
+
+
+def bind_decode(model: ModelSpec | str = sweeps.DEFAULT_MODEL, **fixed):
+    """measure(**control_values) -> decode_breakdown(model, **fixed, **control_values), for a view."""
+    return lambda **values: decode_breakdown(model, **{**fixed, **values})
+
+
+# ------------------------------------------------------------------ timing
+def _time_parts(built, step, after, budget_s: float | None) -> dict:
+    """Timings (the fastest confirmed sample of each) of "whole" (the step as it always runs),
+    "timed" (the same step with the clock hooked in) and each category's parts within it;
+    `after()` runs untimed after every step."""
+    budget_s = budget_s or sweeps.CPU_BUDGET_S
+    if not 0 < budget_s <= sweeps.CPU_MAX_BUDGET_S:
+        raise LabError(f"budget_s must be in (0, {sweeps.CPU_MAX_BUDGET_S}] s, got {budget_s!r}")
+
+    def sample() -> dict[str, float]:
+        whole_s = _seconds(step)
+        after()
+        clock = Clock()
+        built.clock = clock
+        try:
+            timed_s = _seconds(step)
+        finally:
+            built.clock = OFF
+        after()
+        return {"whole": whole_s, "timed": timed_s, **clock.seconds}
+
+    return sample_until_stable(sample, budget_s, max(budget_s, sweeps.CPU_MAX_BUDGET_S),
+                               max_samples=sweeps.CPU_MAX_SAMPLES)
+
+
+def _seconds(fn) -> float:
+    start_s = time.perf_counter()
+    fn()
+    return time.perf_counter() - start_s
+
+
+# ------------------------------------------------------------------ the record
+def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int, measure_by: str,
+           **shape) -> dict:
+    """The flat record: the whole, each part beside its roof, and the step's fraction of the rate
+    it is judged by (`measure_by` "flops": peak FLOP/s; "bytes": the roof's bandwidth)."""
+    dtype = built.compute_dtype
+    hardware, _ = calibrate.load_or_calibrate(built.device.type)
+    roof = roofline.roof_at_working_set(hardware, working_set_bytes)
+    rate = roof.peak_flops_per_s(dtype) if measure_by == "flops" else roof.memory_bandwidth_bytes_per_s
+    whole_s = timings["whole"].estimate_s
+    parts_s = sum(timings[c].estimate_s for c in CATEGORIES)
+    seconds = {**{c: timings[c].estimate_s for c in CATEGORIES}, "overhead": max(0.0, whole_s - parts_s)}
+    rows = []
+    for part in PARTS:
+        flops, nbytes = (work[part]["flops"], work[part]["bytes"]) if part in work else (0, 0)
+        roof_s = roofline.roofline_time_s(flops, nbytes, roof, dtype) if part in work else 0.0
+        done = flops if measure_by == "flops" else nbytes
+        rate_fraction = done / (seconds[part] * rate) if seconds[part] > 0 else 0.0
+        rows.append({"category": part, "name": NAMES[part], "what": WHAT[part], "time_s": seconds[part],
+                     "share": seconds[part] / whole_s, "flops": flops, "bytes": nbytes, "roof_time_s": roof_s,
+                     "bound": roofline.bound_by(flops, nbytes, roof, dtype) if part in work else None,
+                     "roof_fraction": roof_s / seconds[part] if part in work and seconds[part] > 0 else None,
+                     "rate_fraction": rate_fraction,
+                     "contributed_fraction": seconds[part] / whole_s * rate_fraction})
+    flops_total = sum(w["flops"] for w in work.values())
+    step_work = flops_total if measure_by == "flops" else sum(w["bytes"] for w in work.values())
+    return {"phase": phase, "device": built.device.type, "device_name": backend.device_name(built.device.type),
+            "hardware": hardware.name, "model": built.spec.name, **shape, "compute_dtype": dtype,
+            "kernels": built.decode_path.name if phase == "decode" else built.ops.name,
+            "time_s": whole_s, "timed_time_s": timings["timed"].estimate_s,
+            "hook_cost_s": timings["timed"].estimate_s - whole_s, "parts_time_s": parts_s,
+            "parts_exceed_whole": parts_s > whole_s, "noisy": any(t.noisy for t in timings.values()),
+            "samples": len(timings["whole"].samples_s), "estimator": "fastest",
+            "working_set_bytes": working_set_bytes, "roof_tier": roofline.memory_tier(working_set_bytes, hardware),
+            "roof_bandwidth_bytes_per_s": roof.memory_bandwidth_bytes_per_s,
+            "peak_flops_per_s": roof.peak_flops_per_s(dtype),
+            "predicted_time_s": roofline.roofline_time_s(flops_total, working_set_bytes, roof, dtype),
+            # the chapter's planning line for the whole step: 40 % of peak FLOP/s, 75 % of the bandwidth
+            "planned_time_s": roofline.roofline_time_s(flops_total, working_set_bytes, roof, dtype, roofline.CHAPTER_MFU,
+                                                       roofline.CHAPTER_BANDWIDTH_EFFICIENCY),
+            "roof_parts_time_s": sum(row["roof_time_s"] for row in rows),
+            "flops": flops_total, "bytes": sum(w["bytes"] for w in work.values()),  # every part's, counted
+            "measured_by": "peak FLOP/s" if measure_by == "flops" else "bandwidth",
+            "step_fraction": step_work / (whole_s * rate),
+            "plan_fraction": roofline.CHAPTER_MFU if measure_by == "flops" else roofline.CHAPTER_BANDWIDTH_EFFICIENCY,
+            "categories": rows}
+
+
+# ------------------------------------------------------------------ set-up
+def _cpu_model(model: ModelSpec | str, device: str | None):
+    """The built model (`sweeps.get_built_model`) on the CPU; CUDA refused before anything is built."""
+    if backend.choose_device(device).device != "cpu":
+        raise LabError(CUDA_REFUSED)
+    return sweeps.get_built_model(model, device)
+
+
+def _cache_for(built, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):
+    """The model's cache if it has this batch and dtype and room for `tokens`, else a new one
+    (checked before it is allocated: `Llama.setup_cache`)."""
+    cache = built.cache
+    if cache is None or cache.batch != batch or cache.cache_dtype != cache_dtype or cache.max_tokens < tokens:
+        cache = built.setup_cache(batch, tokens, cache_dtype, prefill_tokens)
+    return cache
+
+
+def _check(spec: ModelSpec, batch, tokens, name: str, low: int):
+    """A batch of at least 1 and a token count within low .. the model's context, as integers."""
+    def integer(value):
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integer(batch) or batch < 1:
+        raise LabError(f"batch must be an integer >= 1, got {batch!r}")
+    if not integer(tokens) or not low <= tokens <= spec.max_context:
+        raise LabError(f"{name} must be an integer in {low:,}..{spec.max_context:,} "
+                       f"(the max context of {spec.name}), got {tokens!r}")
+
+
+def _random_tokens(spec: ModelSpec, shape) -> torch.Tensor:
+    """Seeded random token ids on the CPU: a step's time does not depend on which tokens."""
+    return torch.randint(0, spec.vocab_size, shape, generator=torch.Generator().manual_seed(0))
+
