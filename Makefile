@@ -15,18 +15,22 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 TRITON    ?=
 TARGETS   ?=
 TRITON_VENV := build/venv-triton$(TRITON)
+# Triton made absent, as on macOS and Windows (it publishes no wheels there): the blocker in
+# tests/no_triton/sitecustomize.py comes first on PYTHONPATH (test-no-triton).
+NO_TRITON := PYTHONPATH="$(CURDIR)/tests/no_triton$${PYTHONPATH:+:$$PYTHONPATH}"
 
 # A token for lab/app: the caller's JUPYTER_TOKEN, else a fresh random one (never empty).
 TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))')}"
 
-.PHONY: help venv browser lab test gpu-check gpu-compile bench report app strip clean
+.PHONY: help venv browser lab test test-no-triton gpu-check gpu-compile bench report app strip clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-15s %s\n", $$1, $$2}'
 
 venv: $(STAMP) ## (internal) Create .venv and install the pins; reruns only when requirements*.txt or pyproject.toml change
 
-# Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0, triton 3.9.0).
+# Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0; triton 3.9.0 on Linux only, the
+# one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it).
 # With a GPU: a CUDA torch wants the triton it was built with (torch 2.14.1 asks triton~=3.8), so the
 # venv sees the image's packages and torch is left unpinned: pip keeps the installed one, or installs
 # torch with the triton it requires.
@@ -58,36 +62,48 @@ browser: ## (internal) Install Debian's chromium for the browser tests if missin
 	if [ "$${CI:-}" = true ]; then echo "browser: could not install $(CHROMIUM) (CI=true)" >&2; exit 1; fi; \
 	echo "browser: no $(CHROMIUM); browser tests will be skipped (as root: apt-get install chromium)"
 
-# Loopback only, always with a token (passed in the environment, so it stays out of `ps`).
-# port_retries=0: fail on a busy port rather than serve on another one than the URL printed.
-# --allow-root only where we are root already (containers, the lab's CI machines).
-# root_dir: a notebook path alone would make its folder (notebooks/) the server's root, and the
-# printed /lab/tree/notebooks/... link "Could not find path"; the path is still passed, so that
-# with a DISPLAY the browser opens it. Kernels start in the notebook's folder (notebooks/) either way.
+# One implementation, labkit/launch.py, which a learner without make (Windows) runs as
+# `python -m labkit.launch`: loopback only, always with a token (the caller's JUPYTER_TOKEN or a fresh
+# one, passed in the environment), port_retries=0, the repository as root_dir, --no-browser without a
+# display, --allow-root only as root. Its docstring says why each.
 lab: venv ## Start JupyterLab on 127.0.0.1:PORT (default 8888) with a token, opening notebooks/01_two_phases.ipynb
-	@$(TOKEN_SH); \
-	open=notebooks/01_two_phases.ipynb; \
-	[ -f $$open ] || { echo "lab: $$open not written yet; opening the file browser"; open=; }; \
-	flags="--ip=127.0.0.1 --port=$(PORT) --ServerApp.port_retries=0"; \
-	[ -n "$${DISPLAY:-}" ] || flags="$$flags --no-browser"; \
-	[ "$$(id -u)" != 0 ] || flags="$$flags --allow-root"; \
-	echo "JupyterLab: http://127.0.0.1:$(PORT)/lab/tree/$$open?token=$$token"; \
-	JUPYTER_TOKEN="$$token" exec $(VENV)/bin/jupyter lab $$flags --ServerApp.root_dir="$(CURDIR)" $$open
+	@exec $(PY) -m labkit.launch --port $(PORT)
 
 # Plain nbstripout (here and in strip), as the repository's pre-commit check runs it: cell ids become
 # their positions ("0", "1", ...), so stripping and verifying always agree.
-test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in quick mode, dry-run gpu-check
+# The notebooks' quick run: on a GPU machine here, on the GPU path with Triton; everywhere in
+# test-no-triton, on the CPU path with Triton absent (a CPU runs no Triton kernel outside the tests).
+test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in quick mode (also without Triton), dry-run gpu-check
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "nbstripout --verify notebooks/*.ipynb"; \
 	  $(VENV)/bin/nbstripout --verify $(NOTEBOOKS) || { echo "test: notebooks are not stripped (outputs or metadata); run 'make strip'" >&2; exit 1; }; \
 	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --ignore=tests/test_no_triton.py
 	LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache $(MAKE) gpu-compile TARGETS=sm_90a
-	@if [ -n "$(NOTEBOOKS)" ]; then \
-	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks"; \
+	@if [ -z "$(NOTEBOOKS)" ]; then echo "test: no notebooks yet; skipping pytest --nbval-lax"; \
+	elif nvidia-smi >/dev/null 2>&1; then \
+	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks (the GPU path)"; \
 	  LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
-	else echo "test: no notebooks yet; skipping pytest --nbval-lax"; fi
+	fi
+	$(MAKE) test-no-triton
 	$(MAKE) gpu-check OUT=build/gpu-check-dry DRY=1
+
+# The CPU path as on a Mac or a Windows laptop, where Triton has no wheels: NO_TRITON makes `import
+# triton` fail as it fails there. Every notebook in quick mode on the CPU, then tests/test_no_triton.py:
+# the CLI, the GPU check and compile check (which must say they are skipped, and why) and the CPU tests,
+# each in a process without Triton. Any output that shows triton failing to import fails the target.
+test-no-triton: venv ## The CPU path with Triton absent, as on macOS and Windows: notebooks (quick), CLI, CPU tests
+	@set -e -o pipefail; mkdir -p build; \
+	if [ -n "$(NOTEBOOKS)" ]; then \
+	  echo "without Triton: LABKIT_QUICK=1 pytest --nbval-lax notebooks on the CPU"; \
+	  $(NO_TRITON) LABKIT_DEVICE=cpu LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks \
+	    $(PY) -m pytest --nbval-lax notebooks 2>&1 | tee build/no-triton-notebooks.log; \
+	  if grep -n -E "No module named .triton|/triton/" build/no-triton-notebooks.log; then \
+	    echo "test-no-triton: a notebook needed Triton (build/no-triton-notebooks.log)" >&2; exit 1; \
+	  fi; \
+	fi; \
+	echo "without Triton: pytest tests/test_no_triton.py"; \
+	$(PY) -m pytest tests/test_no_triton.py
 
 # A GPU image may have torch/triton/numpy but no venv and no Jupyter: then the system python3
 # runs it (`-m` from the repo root finds labkit without installing it).

@@ -7,14 +7,32 @@
 
 On a machine without CUDA, set TRITON_INTERPRET=1 before importing triton to run the kernels in
 Triton's interpreter (slow; for tests).
-"""
-from .decode_attention import decode_attention, decode_attention_reference, default_num_splits
-from .flash_attention import attention_reference, flash_attention
-from .kv_quant import KV_CACHE_DTYPES, dequantize_kv, quantize_kv, quantize_kv_reference
-from .matmul import matmul, matmul_reference
 
-__all__ = [
-    "KV_CACHE_DTYPES", "attention_reference", "decode_attention", "decode_attention_reference",
-    "default_num_splits", "dequantize_kv", "flash_attention", "matmul", "matmul_reference",
-    "quantize_kv", "quantize_kv_reference",
-]
+The names below load their kernel module on first use (PEP 562), not when the package is
+imported: `kernels.tolerances` and `kernels._runtime` need no triton, and on macOS or Windows,
+where Triton publishes no wheels, importing them must not fail on a kernel the CPU path never runs.
+"""
+import importlib
+
+_HOMES = {
+    "decode_attention": "decode_attention", "decode_attention_reference": "decode_attention",
+    "default_num_splits": "decode_attention",
+    "attention_reference": "flash_attention", "flash_attention": "flash_attention",
+    "KV_CACHE_DTYPES": "kv_quant", "dequantize_kv": "kv_quant", "quantize_kv": "kv_quant",
+    "quantize_kv_reference": "kv_quant",
+    "matmul": "matmul", "matmul_reference": "matmul",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    """A kernel's function or its reference, from its module, loaded now (triton with it). Three
+    functions share their module's name (matmul, flash_attention, decode_attention): once that
+    module has been imported, `kernels.matmul` is the module, so the lab imports each function
+    from its module (`from kernels.matmul import matmul`)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -16,6 +16,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 # Without an NVIDIA GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
 # before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs). This
 # is the one place that choice is made; `backend.triton_mode` reports it, and the tests import labkit
-# first to get the same choice.
+# first to get the same choice. Where Triton is not installed (macOS and Windows have no wheels) the
+# variable is set but never read: the CPU path imports no triton, and `backend.triton_installed` says so.
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")

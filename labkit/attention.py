@@ -3,10 +3,12 @@
     compare_with_reference(heads=4, kv_heads=2, tokens=128, head_dim=64, dtype="fp32")
     memory_sweep([1024, 2048, 4096], heads=2, kv_heads=1, head_dim=64, budget_bytes=2**30)
 
-Naive attention is `kernels.flash_attention.attention_reference`: it materialises the P x S
-scores in fp32. Flash attention is the lab's Triton kernel (on a CPU in Triton's interpreter,
-which is slow: keep sizes small there). For memory, the CPU path times torch's fused
-`scaled_dot_product_attention` instead, since the interpreter is far too slow at long lengths.
+Naive attention (`naive_attention`) materialises the P x S scores in fp32, with the formulas of
+`kernels.flash_attention.attention_reference`. Flash attention is the lab's Triton kernel (on a
+CPU in Triton's interpreter, which is slow: keep sizes small there; where Triton is not
+installed, macOS and Windows, torch's fused attention stands in and the result says so). For
+memory, the CPU path times torch's fused `scaled_dot_product_attention` instead, since the
+interpreter is far too slow at long lengths.
 
 Peak memory is measured, not computed:
   * CUDA: `torch.cuda.max_memory_allocated` after resetting the peak, minus what was allocated
@@ -18,11 +20,14 @@ Peak memory is measured, not computed:
     (`mallopt(M_MMAP_THRESHOLD, 128 KiB)`, for this process): every tensor above that size then
     gets fresh pages and gives them back when freed, instead of reusing a freed tensor's.
 Every size is refused before allocating when its predicted footprint would not fit. kernels/ is
-imported on first use, so importing this module (lesson 03 does) does not wait for triton.
+imported where the Triton kernel runs, so importing this module (lesson 03 does) does not wait for
+triton, and the CPU path never needs it.
 """
 from __future__ import annotations
 
 import ctypes
+import math
+import platform
 from pathlib import Path
 
 import torch
@@ -45,22 +50,55 @@ def random_qkv(heads: int, kv_heads: int, tokens: int, head_dim: int, dtype: str
 def compare_with_reference(heads: int = 4, kv_heads: int = 2, tokens: int = 128, head_dim: int = 64,
                            dtype: str = "fp32", device: str | None = None, causal: bool = True) -> dict:
     """Run the Triton flash kernel and naive attention on the same fresh inputs; return the
-    element-wise absolute differences (a plain list) with their max and mean."""
-    from kernels.flash_attention import attention_reference, flash_attention  # triton loads on first use
-
+    element-wise absolute differences (a plain list) with their max and mean, and which fused
+    kernel ran ("kernel"). Where Triton is not installed (macOS, Windows) torch's fused SDPA
+    stands in for the lab's kernel, and "note" says the kernel was skipped, and why."""
     chosen = backend.choose_device(device).device
-    how = backend.kernels_run_on(chosen)
+    fused, kernel, note = _fused_for_check(chosen, dtype)
+    q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, chosen)
+    errors = (fused(q, k, v, causal).float() - naive_attention(q, k, v, causal).float()).abs()
+    return {"dtype": dtype, "device": chosen, "device_name": backend.device_name(chosen),
+            "shape": f"B=1, H={heads}, Hkv={kv_heads}, P=S={tokens}, D={head_dim}", "kernel": kernel, "note": note,
+            "max_abs_error": errors.max().item(), "mean_abs_error": errors.mean().item(),
+            "abs_errors": errors.flatten().tolist()}
+
+
+def _fused_for_check(device: str, dtype: str):
+    """(fused attention fn(q, k, v, causal), its name, a note or None) for `compare_with_reference`."""
+    if not backend.triton_installed():
+        return (_sdpa, "torch's fused SDPA",
+                f"the lab's Triton kernel was skipped: {backend.TRITON_MISSING}; torch's fused attention "
+                "(scaled_dot_product_attention) is compared with naive attention instead")
+    how = backend.kernels_run_on(device)
     if how is None:
-        raise LabError(f"the Triton kernel cannot run on the {chosen} here: set TRITON_INTERPRET=1 "
+        raise LabError(f"the Triton kernel cannot run on the {device} here: set TRITON_INTERPRET=1 "
                        "before triton is imported (import labkit does so on a machine without a GPU)")
     if dtype == "bf16" and how == "interpreter":
         raise LabError("bf16 is not supported by Triton's CPU interpreter; use fp32 or fp16 here")
-    q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, chosen)
-    errors = (flash_attention(q, k, v, causal).float() - attention_reference(q, k, v, causal).float()).abs()
-    return {"dtype": dtype, "device": chosen, "device_name": backend.device_name(chosen),
-            "shape": f"B=1, H={heads}, Hkv={kv_heads}, P=S={tokens}, D={head_dim}",
-            "max_abs_error": errors.max().item(), "mean_abs_error": errors.mean().item(),
-            "abs_errors": errors.flatten().tolist()}
+    from kernels.flash_attention import flash_attention  # triton loads on first use
+    return flash_attention, ("compiled Triton" if how == "compiled" else "Triton interpreter"), None
+
+
+def naive_attention(q, k, v, causal: bool = True):
+    """Plain attention that materialises the [B, H, P, S] fp32 scores: q [B, H, P, dh], k, v
+    [B, Hkv, S, dh], queries the last P of S positions. The formulas of kernels/flash_attention.py's
+    `attention_reference` (which loads triton with its module; tests/test_attention.py pins the
+    two bit for bit), here so that the CPU path runs without Triton."""
+    B, H, P, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    k = k.float().repeat_interleave(H // Hkv, dim=1)  # [B, H, S, D]: head h -> kv head h // G
+    v = v.float().repeat_interleave(H // Hkv, dim=1)
+    scores = (q.float() @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # [B, H, P, S]
+    if causal:
+        q_pos = torch.arange(S - P, S, device=q.device)  # absolute query positions [P]
+        visible = torch.arange(S, device=q.device)[None, :] <= q_pos[:, None]  # [P, S]
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
+
+
+def _sdpa(q, k, v, causal: bool = False):
+    """torch's fused attention (flash-style on the CPU: no [P, S] scores in memory); P = S here."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
 def _status_bytes(field: str) -> int:
@@ -77,6 +115,14 @@ def _fresh_pages_for_big_allocations():
         ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):  # not glibc: measure as is
         pass
+
+
+def peak_memory_unmeasurable(device: str) -> str | None:
+    """Why peak memory cannot be measured on `device` here, or None where it can (CUDA; Linux)."""
+    if device == "cuda" or _STATUS.exists():
+        return None
+    return (f"not measured: a CPU's peak memory is read from Linux's {_STATUS}, "
+            f"which {platform.system() or 'this OS'} does not have")
 
 
 def peak_memory_bytes(fn, device: str) -> tuple[object, int]:
@@ -103,7 +149,7 @@ def _flash(q, k, v, device: str):
     if backend.kernels_run_on(device) == "compiled":
         from kernels.flash_attention import flash_attention  # triton loads on first use
         return flash_attention(q, k, v, causal=False)
-    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return _sdpa(q, k, v)
 
 
 def memory_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
@@ -120,8 +166,7 @@ def memory_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: 
                              f"{budget_bytes / 2**30:.1f} GiB budget; refused before allocating")
     backend.check_fits(predicted, device, what)
     q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, device)
-    from kernels.flash_attention import attention_reference  # triton loads on first use
-    run = (lambda: attention_reference(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
+    run = (lambda: naive_attention(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
     _, peak = peak_memory_bytes(run, device)
     return {"method": method, "tokens": tokens, "peak_bytes": peak, "predicted_bytes": predicted,
             "device": device, "device_name": backend.device_name(device), "dtype": dtype, "heads": heads}
@@ -130,10 +175,20 @@ def memory_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: 
 def memory_sweep(tokens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: str, device: str | None = None,
                  budget_bytes: float | None = None, progress=None) -> list[dict]:
     """memory_point for naive and flash at each length. A refused size becomes a record with
-    "refused" (the message) and no "peak_bytes"; naive stops at its first refusal."""
+    "refused" (the message) and no "peak_bytes"; naive stops at its first refusal. Where peak
+    memory cannot be measured (a CPU without Linux's /proc: macOS, Windows) every point is such a
+    record, saying why."""
     chosen = backend.choose_device(device).device
     points, stopped = [], set()
     grid = [(p, m) for p in tokens for m in ("naive", "flash")]
+    why = peak_memory_unmeasurable(chosen)
+    if why is not None:  # macOS, Windows: every point says so, nothing is allocated
+        for i, (p, method) in enumerate(grid):
+            points.append({"method": method, "tokens": p, "refused": why, "device": chosen,
+                           "device_name": backend.device_name(chosen)})
+            if progress:
+                progress(i + 1, len(grid))
+        return points
     for i, (p, method) in enumerate(grid):
         try:
             if method not in stopped:
@@ -155,8 +210,7 @@ def time_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: in
                  else heads * tokens * head_dim * BYTES_PER_ELEMENT[dtype])
     backend.check_fits(predicted, device, f"{method} attention at P={tokens:,} ({heads} heads)")
     q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, device)
-    from kernels.flash_attention import attention_reference  # triton loads on first use
-    run = (lambda: attention_reference(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
+    run = (lambda: naive_attention(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
     timing = (measure.time_fn(run, device, 2, 10, 2.0) if device == "cuda"
               else measure.time_until_stable(run, 2.0, 5.0))
     return {"method": method, "tokens": tokens, "time_s": timing.estimate_s, "noisy": timing.noisy,

@@ -5,6 +5,7 @@ here?" asks this one, so the answer cannot differ between the lessons, the CLI a
     backend = choose_device()          # CUDA if torch sees a GPU, else the CPU path
     backend = choose_device("cpu")     # or LABKIT_DEVICE=cpu: force a path (tests, comparisons)
     triton_mode()                      # "compiled" | "interpreter" | "none"
+    triton_installed()                 # False on macOS and Windows: Triton publishes no wheels there
     kernels_run_on("cpu")              # how the kernels would run on that device's tensors, or None
     check_fits(footprint_bytes, backend.device, "decode at batch 64")   # before allocating
 
@@ -16,17 +17,25 @@ Triton kernels run compiled on a CUDA GPU, or in Triton's interpreter (slow; any
 TRITON_INTERPRET=1 was set before triton was imported; `import labkit` sets it on a machine
 without an NVIDIA driver. kernels/ keeps its own copy of that check (kernels/_runtime.py): it
 cannot import labkit.
+
+Where Triton is not installed (macOS and Windows, which it publishes no wheels for) the CPU path
+runs as everywhere else, since it never launches a Triton kernel; what needs Triton (the GPU
+path, the kernels in the interpreter, the compile check) says `TRITON_MISSING` and is skipped.
 """
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import os
 import platform
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from . import cpu_info
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
 
@@ -37,6 +46,8 @@ ENV_VAR = "LABKIT_DEVICE"
 HEADROOM = 0.10
 GIB = 2**30
 INTERPRET_VAR = "TRITON_INTERPRET"  # "1": Triton kernels run in its interpreter; read when triton is imported
+# What a skipped Triton part says where `import triton` fails, as on a Mac or a Windows laptop.
+TRITON_MISSING = "Triton is not installed (no wheels for this platform)"
 
 
 @dataclass(frozen=True)
@@ -78,10 +89,21 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
+def triton_installed() -> bool:
+    """Whether `import triton` can succeed here, asked without importing it (the import is slow,
+    and must come after the interpreter choice). False on macOS and Windows: no wheels."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a finder that refuses it; a stub in sys.modules without a spec
+        return False
+
+
 def triton_mode() -> str:
-    """How the lab's Triton kernels run in this process: "interpreter" when TRITON_INTERPRET=1
-    (Triton's interpreter, on any tensor, slowly), else "compiled" when torch sees a CUDA GPU,
-    else "none" (no GPU and the interpreter not chosen: the kernels cannot run at all)."""
+    """How the lab's Triton kernels run in this process: "none" where triton is not installed;
+    "interpreter" when TRITON_INTERPRET=1 (Triton's interpreter, on any tensor, slowly), else
+    "compiled" when torch sees a CUDA GPU, else "none" (no GPU and the interpreter not chosen)."""
+    if not triton_installed():
+        return "none"
     if os.environ.get(INTERPRET_VAR) == "1":
         return "interpreter"
     return "compiled" if torch.cuda.is_available() else "none"
@@ -106,10 +128,12 @@ def kernel_device() -> str | None:
 def use_interpreter() -> None:
     """Choose Triton's interpreter for this process (a CPU dry run). LabError if triton is
     already imported: it read TRITON_INTERPRET then, so setting it now would change nothing."""
-    if os.environ.get(INTERPRET_VAR) == "1":
-        return
-    if "triton" in sys.modules:
+    if sys.modules.get("triton") is not None:  # imported (None there is Python's way to block an import)
+        if os.environ.get(INTERPRET_VAR) == "1":
+            return
         raise LabError(f"set {INTERPRET_VAR}=1 before triton is imported")
+    if not triton_installed():
+        raise LabError(f"Triton's interpreter cannot run: {TRITON_MISSING}")
     os.environ[INTERPRET_VAR] = "1"
 
 
@@ -148,7 +172,9 @@ def device_name(device) -> str:
     for line in _read_lines("/proc/cpuinfo"):
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
+    # macOS has no /proc, and its platform.processor() says only "arm": the brand string, "Apple M2".
+    brand = cpu_info.run_command(["sysctl", "-n", "machdep.cpu.brand_string"]) if platform.system() == "Darwin" else None
+    return brand or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def free_memory_bytes(device) -> int:
@@ -187,12 +213,68 @@ def check_fits(required_bytes: float, device, what: str) -> int:
 
 
 def _meminfo_bytes(field: str) -> int:
+    """"MemAvailable" or "MemTotal" in bytes: Linux's /proc/meminfo, else what the OS reports
+    (`_os_memory_bytes`); LabError, one line, where nothing does."""
     for line in _read_lines("/proc/meminfo"):
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024  # /proc/meminfo says "kB" and means KiB
-    # Not Linux: fall back to what the OS reports for physical pages.
-    pages = "SC_AVPHYS_PAGES" if field == "MemAvailable" else "SC_PHYS_PAGES"
-    return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+    found = _os_memory_bytes(platform.system()).get(field)
+    if not found:
+        what = "free" if field == "MemAvailable" else "total"
+        raise LabError(f"cannot tell this machine's {what} memory: {platform.system() or 'this OS'} reports it "
+                       "neither in /proc/meminfo nor where the lab asks (sysctl and vm_stat, GlobalMemoryStatusEx, sysconf)")
+    return found
+
+
+def _os_memory_bytes(system: str) -> dict[str, int]:
+    """{"MemTotal": bytes, "MemAvailable": bytes} as far as the OS says, without /proc:
+    macOS: hw.memsize, and vm_stat's free + inactive + speculative pages (what it can hand out
+    without swapping; its sysconf has no SC_AVPHYS_PAGES); Windows: GlobalMemoryStatusEx (no
+    os.sysconf at all); other Unixes: sysconf's physical pages."""
+    if system == "Darwin":
+        return _darwin_memory_bytes(cpu_info.run_command(["sysctl", "-n", "hw.memsize"]),
+                                    cpu_info.run_command(["vm_stat"]))
+    if system == "Windows":
+        return _windows_memory_bytes()
+    found = {}
+    for field, pages in (("MemTotal", "SC_PHYS_PAGES"), ("MemAvailable", "SC_AVPHYS_PAGES")):
+        try:
+            found[field] = os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # a name this OS lacks
+            pass
+    return found
+
+
+def _darwin_memory_bytes(memsize: str | None, vm_stat: str | None) -> dict[str, int]:
+    """macOS's `sysctl -n hw.memsize` and `vm_stat` ("(page size of 16384 bytes)", "Pages free:
+    12345.", ...) as bytes."""
+    found = {"MemTotal": int(memsize)} if memsize and memsize.isdigit() else {}
+    page = re.search(r"page size of (\d+) bytes", vm_stat or "")
+    counts = dict(re.findall(r"^Pages (free|inactive|speculative):\s+(\d+)\.", vm_stat or "", re.M))
+    if page and "free" in counts:
+        found["MemAvailable"] = int(page.group(1)) * sum(int(n) for n in counts.values())
+    return found
+
+
+class _MemoryStatusEx(ctypes.Structure):
+    """Windows' MEMORYSTATUSEX (64 bytes), which GlobalMemoryStatusEx fills."""
+
+    _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32),
+                ("ullTotalPhys", ctypes.c_uint64), ("ullAvailPhys", ctypes.c_uint64),
+                ("ullTotalPageFile", ctypes.c_uint64), ("ullAvailPageFile", ctypes.c_uint64),
+                ("ullTotalVirtual", ctypes.c_uint64), ("ullAvailVirtual", ctypes.c_uint64),
+                ("ullAvailExtendedVirtual", ctypes.c_uint64)]
+
+
+def _windows_memory_bytes() -> dict[str, int]:
+    status = _MemoryStatusEx()
+    status.dwLength = ctypes.sizeof(status)
+    try:
+        if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
+            return {}
+    except (AttributeError, OSError):  # not Windows after all
+        return {}
+    return {"MemTotal": int(status.ullTotalPhys), "MemAvailable": int(status.ullAvailPhys)}
 
 
 def _cgroup_bytes(name: str) -> int | None:

@@ -33,7 +33,8 @@ does not start is recorded as `skipped: budget`, as is what does not fit in memo
 before allocating). --dry-run takes the same steps at toy sizes with the lab-tiny model, in under
 a minute: on the GPU if there is one, else on the CPU in Triton's interpreter with fp16 kernels
 (its bf16 is broken). Exit codes: 0 done (the last line names any correctness check that did not
-run, and why); 1 a correctness check failed; 2 bad arguments, no GPU, or DIR unwritable.
+run, and why), or a dry run skipped where Triton is not installed (macOS, Windows: it says so);
+1 a correctness check failed; 2 bad arguments, no GPU, no Triton for a full run, or DIR unwritable.
 Not measured here: L2 residency. Caches under the L2's 50-60 MB (fp8/int8 at S=16k, B=1) stay
 partly in an H100/H200's L2 between timed calls, so their bandwidth fraction can read high.
 
@@ -99,7 +100,8 @@ def parse_args(argv=None):
 
 def kernel_device(dry_run: bool) -> str | None:
     """"cuda" where the kernels run compiled; else, for a dry run, "cpu" in Triton's interpreter
-    (chosen here if need be: LabError if triton was imported first); else None, no GPU."""
+    (chosen here if need be: LabError if triton was imported first, or is not installed); else
+    None, no GPU."""
     from . import backend  # torch loads here, after the arguments are checked
     device = backend.kernel_device()
     if device != "cuda" and not dry_run:
@@ -112,6 +114,10 @@ def kernel_device(dry_run: bool) -> str | None:
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
+        from .backend import TRITON_MISSING, triton_installed  # torch loads here, after the arguments
+        if not triton_installed():  # macOS, Windows: every section runs the lab's Triton kernels
+            print(f"gpu_check: skipped: {TRITON_MISSING}", flush=True)
+            return 0 if args.dry_run else 2
         device = kernel_device(args.dry_run)
     except (UsageError, LabError) as err:
         print(f"gpu_check: error: {err}", file=sys.stderr)

@@ -21,7 +21,8 @@ fails (exit 1) on a compile error, on shared memory over the target's limit, on 
 spill in a config the lab keeps, or if the bf16 matmul does not use Hopper's wgmma on sm_90a.
 Every failure is named on the last line. It runs without TRITON_INTERPRET (it sets it to 0
 before triton is imported); results are cached by the kernel's source hash, options and
-target, so a rerun with unchanged kernels compiles nothing.
+target, so a rerun with unchanged kernels compiles nothing. Where Triton is not installed (macOS,
+Windows: no wheels) it says it is skipped, and why, and exits 0.
 """
 from __future__ import annotations
 
@@ -417,6 +418,10 @@ def main(argv=None) -> int:
     except UsageError as err:
         print(f"gpu_compile: error: {err}", file=sys.stderr)
         return 2
+    from .backend import TRITON_MISSING, triton_installed  # torch loads here, after the arguments
+    if not triton_installed():  # macOS, Windows: nothing to compile with (ptxas comes in triton's wheel)
+        print(f"gpu_compile: skipped: {TRITON_MISSING}", flush=True)
+        return 0
     return run(args.targets, args.kernels, args.jobs)
 
 

@@ -7,7 +7,8 @@
 prefill and for decode over a float cache, and a chunked online-softmax decode attention over an
 int8/fp8 cache, which upcasts a chunk at a time so the temporaries stay in the CPU caches and
 the memory traffic stays about the compact cache's bytes. `TritonOps` is the CUDA path (and
-the Triton interpreter in tests): the lab's kernels in kernels/.
+the Triton interpreter in tests): the lab's kernels in kernels/, where Triton is installed
+(it publishes no wheels for macOS or Windows).
 
 Shapes: x [..., in]; w [out, in]; prefill q [B, H, P, dh], k, v [B, Hkv, S, dh]; decode q
 [B, H, dh] over cache rows [B, Hkv, S_max, dh], lengths int32 [B] (the new token included).
@@ -19,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import backend
 from .cpu_blas import blas_matmul
 from .errors import LabError
 
@@ -99,10 +101,15 @@ OPS = {"torch": TorchOps, "triton": TritonOps}
 
 def choose_ops(kernels: str | None, device: torch.device):
     """The ops called `kernels` ("torch" | "triton"); None: Triton's on CUDA, torch's elsewhere
-    (tests run the Triton path on the CPU, in the interpreter, by asking for it)."""
-    kernels = kernels or ("triton" if device.type == "cuda" else "torch")
+    (tests run the Triton path on the CPU, in the interpreter, by asking for it). Where Triton is
+    not installed (Windows' CUDA torch brings none) None means torch's, and asking for "triton"
+    is refused in one line."""
+    installed = backend.triton_installed()
+    kernels = kernels or ("triton" if device.type == "cuda" and installed else "torch")
     if kernels not in OPS:
         raise LabError(f"kernels {kernels!r} unknown; known: {', '.join(OPS)}")
+    if kernels == "triton" and not installed:
+        raise LabError(f"kernels 'triton' skipped: {backend.TRITON_MISSING}; use kernels='torch'")
     return OPS[kernels]
 
 

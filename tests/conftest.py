@@ -28,7 +28,14 @@ def _cuda_available():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu`-marked tests on a machine without CUDA, with the reason in the -ra summary."""
+    """Skip `triton`-marked tests where Triton is not installed (macOS, Windows: no wheels) and
+    `gpu`-marked tests on a machine without CUDA, with the reason in the -ra summary."""
+    from labkit import backend  # torch loads here: after the environment above is set
+    if not backend.triton_installed():
+        no_triton = pytest.mark.skip(reason=f"skipped: {backend.TRITON_MISSING}")
+        for item in items:
+            if item.get_closest_marker("triton") is not None:
+                item.add_marker(no_triton, append=False)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -1,8 +1,9 @@
 """Lesson 03's measurements: flash matches naive attention; peak memory is measured and
 oversized runs are refused before anything is allocated."""
 import pytest
+import torch
 
-from labkit import attention
+from labkit import attention, backend
 from labkit.errors import FootprintError, LabError
 
 
@@ -13,9 +14,41 @@ def test_flash_matches_naive_on_fresh_inputs_fp32():
     assert result["device"] == "cpu"
 
 
+@pytest.mark.triton
 def test_bf16_in_the_interpreter_is_refused_with_a_reason():
     with pytest.raises(LabError, match="interpreter"):
         attention.compare_with_reference(tokens=16, head_dim=16, dtype="bf16", device="cpu")
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("causal, P, S", [(True, 24, 24), (True, 8, 40), (False, 24, 24)])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_naive_attention_is_the_kernels_reference_bit_for_bit(causal, P, S, dtype):
+    """The CPU path's naive attention (no triton) computes what kernels/flash_attention.py's
+    reference computes, on fresh inputs, GQA and chunked prefill (P < S) included."""
+    from kernels.flash_attention import attention_reference  # loads triton: this test needs it
+    q = attention.random_qkv(4, 2, P, 16, dtype, "cpu")[0]
+    _, k, v = attention.random_qkv(4, 2, S, 16, dtype, "cpu")
+    got, want = attention.naive_attention(q, k, v, causal), attention_reference(q, k, v, causal)
+    assert got.dtype == want.dtype and torch.equal(got, want), f"max |diff| {(got - want).abs().max().item():.2e}"
+
+
+@pytest.mark.parametrize("dtype, bound", [("fp32", 1e-5), ("fp16", 5e-3), ("bf16", 3e-2)])
+def test_without_triton_the_check_compares_torchs_fused_attention_and_says_so(monkeypatch, dtype, bound):
+    """macOS, Windows: no Triton. Lesson 03's check still runs, on torch's fused attention,
+    labelled as such, with the reason the lab's kernel was skipped."""
+    monkeypatch.setattr(backend, "triton_installed", lambda: False)
+    result = attention.compare_with_reference(heads=4, kv_heads=2, tokens=48, head_dim=16, dtype=dtype, device="cpu")
+    assert result["kernel"] == "torch's fused SDPA"
+    assert "the lab's Triton kernel was skipped: Triton is not installed (no wheels for this platform)" in result["note"]
+    assert result["max_abs_error"] < bound, f"max {result['max_abs_error']:.2e}, mean {result['mean_abs_error']:.2e}"
+    assert len(result["abs_errors"]) == 4 * 48 * 16
+
+
+@pytest.mark.triton
+def test_with_triton_the_check_names_the_lab_kernel():
+    result = attention.compare_with_reference(heads=2, kv_heads=1, tokens=16, head_dim=16, dtype="fp32", device="cpu")
+    assert result["kernel"] in ("Triton interpreter", "compiled Triton") and result["note"] is None
 
 
 def test_naive_peak_memory_is_measured_near_its_prediction():
@@ -43,3 +76,16 @@ def test_sweep_records_the_refusal_and_stops_naive_there():
     assert [("refused" in p) for p in naive] == [False, True]
     assert len([p for p in points if p["method"] == "flash"]) == 3
     assert done[-1] == (6, 6)
+
+
+def test_where_peak_memory_cannot_be_read_every_point_says_why(monkeypatch, tmp_path):
+    """macOS and Windows have no /proc/self/status: the sweep allocates nothing and each point is
+    a refusal that names the reason (the chart marks it, the lesson prints it)."""
+    monkeypatch.setattr(attention, "_STATUS", tmp_path / "status")  # does not exist
+    monkeypatch.setattr(attention, "random_qkv", lambda *a, **k: pytest.fail("allocated inputs"))
+    seen = []
+    points = attention.memory_sweep([512, 1024], 2, 1, 32, "fp32", "cpu", progress=lambda i, n: seen.append((i, n)))
+    assert [(p["method"], p["tokens"]) for p in points] == [("naive", 512), ("flash", 512), ("naive", 1024), ("flash", 1024)]
+    assert all(p["refused"].startswith("not measured: a CPU's peak memory is read from Linux's") for p in points)
+    assert seen[-1] == (4, 4) and "peak_bytes" not in points[0]
+    assert attention.peak_memory_unmeasurable("cuda") is None

@@ -1,4 +1,5 @@
 """labkit.backend: the device choice and its reason, overrides, free memory, refusing oversized runs."""
+import ctypes
 import dataclasses
 
 import pytest
@@ -180,9 +181,10 @@ def test_synchronize_is_a_no_op_on_the_cpu():
 
 
 @pytest.mark.parametrize("interpret, cuda, mode, device, on_cpu, on_cuda", [
-    ("1", False, "interpreter", "cpu", "interpreter", "interpreter"),
-    ("1", True, "interpreter", "cpu", "interpreter", "interpreter"),  # chosen: the interpreter wins
-    (None, True, "compiled", "cuda", None, "compiled"),
+    pytest.param("1", False, "interpreter", "cpu", "interpreter", "interpreter", marks=pytest.mark.triton),
+    pytest.param("1", True, "interpreter", "cpu", "interpreter", "interpreter",  # chosen: the interpreter wins
+                 marks=pytest.mark.triton),
+    pytest.param(None, True, "compiled", "cuda", None, "compiled", marks=pytest.mark.triton),
     (None, False, "none", None, None, None),
 ])
 def test_how_the_triton_kernels_run_is_decided_once(monkeypatch, interpret, cuda, mode, device, on_cpu, on_cuda):
@@ -195,6 +197,7 @@ def test_how_the_triton_kernels_run_is_decided_once(monkeypatch, interpret, cuda
     assert backend.kernels_run_on("cpu") == on_cpu and backend.kernels_run_on("cuda") == on_cuda
 
 
+@pytest.mark.triton
 def test_the_interpreter_can_be_chosen_only_before_triton_is_imported(monkeypatch):
     import sys
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -204,3 +207,68 @@ def test_the_interpreter_can_be_chosen_only_before_triton_is_imported(monkeypatc
     monkeypatch.delitem(sys.modules, "triton")
     backend.use_interpreter()
     assert backend.triton_mode() == "interpreter"
+
+
+@pytest.mark.parametrize("interpret, cuda", [("1", False), ("1", True), (None, True)])
+def test_without_triton_the_kernels_run_nowhere_and_say_why(monkeypatch, interpret, cuda):
+    """macOS and Windows: no Triton wheels. `sys.modules["triton"] = None` is Python's own way to
+    make an import fail; whatever TRITON_INTERPRET and CUDA say, the kernels cannot run, and
+    choosing the interpreter is refused in one line that names the reason."""
+    import sys
+    here = backend.triton_installed()
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    if interpret is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    assert not backend.triton_installed()
+    assert backend.triton_mode() == "none" and backend.kernel_device() is None
+    assert backend.kernels_run_on("cpu") is None and backend.kernels_run_on("cuda") is None
+    with pytest.raises(LabError, match=r"^Triton's interpreter cannot run: Triton is not installed \(no wheels"):
+        backend.use_interpreter()
+    monkeypatch.delitem(sys.modules, "triton")
+    assert backend.triton_installed() == here, "the answer follows the import system, not a cached value"
+
+
+# ------------------------------------------------------------------ a laptop's OS: no /proc (issue 16)
+VM_STAT = """Mach Virtual Memory Statistics: (page size of 16384 bytes)
+Pages free:                               12000.
+Pages active:                            300000.
+Pages inactive:                          250000.
+Pages speculative:                         3000.
+Pages throttled:                              0.
+Pages wired down:                        150000.
+Pages purgeable:                           9000.
+"""
+
+
+def test_on_macos_memory_and_the_cpu_name_come_from_sysctl_and_vm_stat(monkeypatch):
+    """macOS has no /proc and its sysconf no SC_AVPHYS_PAGES: free memory is vm_stat's free,
+    inactive and speculative pages, the CPU is the brand string (platform says only "arm")."""
+    answers = {("sysctl", "-n", "hw.memsize"): "17179869184", ("vm_stat",): VM_STAT,
+               ("sysctl", "-n", "machdep.cpu.brand_string"): "Apple M2"}
+    monkeypatch.setattr(backend, "_read_lines", lambda path: [])
+    monkeypatch.setattr(backend.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(backend.cpu_info, "run_command", lambda args: answers.get(tuple(args)))
+    assert backend.total_memory_bytes("cpu") == 16 * GIB
+    assert backend.free_memory_bytes("cpu") == (12000 + 250000 + 3000) * 16384
+    assert backend.device_name("cpu") == "Apple M2"
+
+
+def test_on_windows_memory_comes_from_global_memory_status(monkeypatch):
+    """Windows has no os.sysconf: GlobalMemoryStatusEx fills MEMORYSTATUSEX (64 bytes)."""
+    assert ctypes.sizeof(backend._MemoryStatusEx) == 64
+    monkeypatch.setattr(backend, "_read_lines", lambda path: [])
+    monkeypatch.setattr(backend.platform, "system", lambda: "Windows")
+    monkeypatch.setattr(backend, "_windows_memory_bytes", lambda: {"MemTotal": 32 * GIB, "MemAvailable": 20 * GIB})
+    assert backend.free_memory_bytes("cpu") == 20 * GIB and backend.total_memory_bytes("cpu") == 32 * GIB
+    assert backend._os_memory_bytes("Linux")["MemTotal"] > 0  # sysconf, where an OS has it
+
+
+def test_an_os_that_reports_no_memory_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(backend, "_read_lines", lambda path: [])
+    monkeypatch.setattr(backend.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(backend.cpu_info, "run_command", lambda args: None)
+    with pytest.raises(LabError, match="^cannot tell this machine's free memory: Darwin reports it neither"):
+        backend.free_memory_bytes("cpu")

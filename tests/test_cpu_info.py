@@ -53,3 +53,45 @@ def test_this_machine_is_described():
     assert booted is None or booted <= datetime.now(timezone.utc)
     first = cpu_info.cpu_busy_s()
     assert first is None or 0 < first <= cpu_info.cpu_busy_s()
+
+
+# ------------------------------------------------------------------ laptops and ARM (issue 16)
+def test_on_apple_silicon_the_caches_and_the_name_come_from_sysctl(monkeypatch):
+    """An M2 (as `sysctl` reports it): 4 performance cores share each 16 MiB L2, and there is no
+    L3 the OS names. No /proc, no sysfs: sysctl answers, and the brand string names the CPU."""
+    answers = {"hw.perflevel0.l2cachesize": "16777216", "hw.perflevel0.cpusperl2": "4", "hw.l2cachesize": "4194304",
+               "machdep.cpu.brand_string": "Apple M2", "kern.boottime": "{ sec = 1764547200, usec = 0 } Mon Dec  1"}
+    monkeypatch.setattr(cpu_info.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cpu_info, "run_command", lambda args: answers.get(args[-1]) if args[:2] == ["sysctl", "-n"] else None)
+    monkeypatch.setattr(cpu_info, "_from_sysfs", lambda cpus: None)
+    monkeypatch.setattr(cpu_info, "Path", lambda path: _Missing())  # no /proc/cpuinfo, no /proc/stat
+    caches = cpu_info.cpu_caches(set(range(8)))
+    assert caches.as_pairs() == (("L2", 32 * 2**20),) and caches.levels[0].instances == 2
+    assert caches.source == "from macOS sysctl (hw.*cachesize)"
+    assert cpu_info.cpu_identity() == "Apple M2"
+    assert cpu_info.last_boot() == datetime(2025, 12, 1, tzinfo=timezone.utc)
+
+
+class _Missing:
+    """A path that does not exist: what /proc/cpuinfo and /proc/stat are on macOS."""
+
+    def read_text(self):
+        raise FileNotFoundError("no /proc on macOS")
+
+
+def test_an_arm_linux_cpu_is_named_by_implementer_and_part(monkeypatch):
+    """A Graviton's /proc/cpuinfo has no vendor_id nor model name: implementer and part say which CPU."""
+    text = ("processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd evtstrm aes\nCPU implementer\t: 0x41\n"
+            "CPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\nCPU revision\t: 1\n\n")
+
+    class Fake:
+        def __init__(self, path):
+            self.path = str(path)
+
+        def read_text(self):
+            if self.path == "/proc/cpuinfo":
+                return text
+            raise FileNotFoundError(self.path)
+    monkeypatch.setattr(cpu_info, "Path", Fake)
+    monkeypatch.setattr(cpu_info.platform, "machine", lambda: "aarch64")
+    assert cpu_info.cpu_identity() == "CPU implementer 0x41 CPU part 0xd40 CPU variant 0x1: aarch64"

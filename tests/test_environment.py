@@ -21,10 +21,11 @@ def _name(requirement):
 
 
 def _parse_pins(lines, source):
-    """{name: version} from requirement lines `name==version`; comments, blanks and options skipped."""
+    """{name: version} from requirement lines `name==version[; marker]`; comments, blanks and
+    options skipped (`_markers` reads the markers)."""
     pins = {}
     for line in lines:
-        line = line.split("#", 1)[0].strip()
+        line = line.split("#", 1)[0].split(";", 1)[0].strip()
         if not line or line.startswith("-"):
             continue
         name, sep, version = line.partition("==")
@@ -33,6 +34,20 @@ def _parse_pins(lines, source):
         assert key not in pins, f"{source}: {key} is pinned twice"
         pins[key] = version.strip()
     return pins
+
+
+def _markers(lines):
+    """{name: environment marker} of the requirement lines that have one (`name==1.0; marker`)."""
+    found = {}
+    for line in lines:
+        requirement, sep, marker = line.split("#", 1)[0].partition(";")
+        if sep and not requirement.strip().startswith("-"):
+            found[_name(requirement.partition("==")[0].strip())] = marker.strip()
+    return found
+
+
+def requirements_lines():
+    return [line for filename in PIN_FILES for line in (ROOT / filename).read_text().splitlines()]
 
 
 def requirements_pins():
@@ -79,6 +94,22 @@ def test_environment_yml_pins_match_requirements():
     assert not (only_reqs or only_env or differ), (
         f"environment.yml disagrees with {' + '.join(PIN_FILES)}: only in requirements {only_reqs}; "
         f"only in environment.yml {only_env}; versions (requirements, environment.yml) {differ}")
+
+
+# Triton publishes wheels for Linux only (x86_64, aarch64), none for macOS or Windows: a pin
+# without a marker would make the install fail there before the lab could start (issue 16).
+TRITON_MARKER = 'sys_platform == "linux"'
+
+
+@pytest.mark.parametrize("source", ["requirements", "environment.yml"])
+def test_triton_is_installed_only_where_it_has_wheels(source):
+    lines = requirements_lines() if source == "requirements" else environment_pip_lines()
+    markers = _markers(lines)
+    assert markers == {"triton": TRITON_MARKER}, (
+        f"{source}: environment markers {markers}; triton needs exactly {TRITON_MARKER!r}, nothing else one")
+    Marker = pytest.importorskip("packaging.markers").Marker
+    for platform, wanted in (("linux", True), ("darwin", False), ("win32", False)):
+        assert Marker(markers["triton"]).evaluate({"sys_platform": platform}) is wanted, platform
 
 
 def test_environment_yml_installs_python_311_and_the_package():

@@ -49,6 +49,7 @@ def dry_run(tmp_path_factory):
     return out, done
 
 
+@pytest.mark.triton
 @pytest.mark.slow
 def test_dry_run_writes_one_recording_per_section(dry_run):
     out, done = dry_run
@@ -76,6 +77,7 @@ def steps(record, key):
     return items
 
 
+@pytest.mark.triton
 @pytest.mark.slow
 def test_dry_run_correctness_checks_all_kernels_and_pass(dry_run):
     (record,) = recordings(dry_run[0])["correctness"]
@@ -90,6 +92,7 @@ def test_dry_run_correctness_checks_all_kernels_and_pass(dry_run):
     assert {c["cache_dtype"] for c in checks if c.get("kernel") == "decode_attention"} == {"fp16", "fp8", "int8"}
 
 
+@pytest.mark.triton
 @pytest.mark.slow
 def test_dry_run_times_kernels_and_sweeps(dry_run):
     found = recordings(dry_run[0])
@@ -106,6 +109,7 @@ def test_dry_run_times_kernels_and_sweeps(dry_run):
     assert max(p["batch"] for p in decode) == DRY.max_batch, "batches double up to what fits"
 
 
+@pytest.mark.triton
 @pytest.mark.slow
 def test_dry_run_prints_the_roof_before_each_measurement(dry_run):
     lines = dry_run[1].stdout.splitlines()
@@ -114,6 +118,7 @@ def test_dry_run_prints_the_roof_before_each_measurement(dry_run):
             assert "roof" in lines[i - 1], f"no roof printed before: {line!r}"
 
 
+@pytest.mark.triton
 @pytest.mark.slow
 def test_a_second_run_adds_recordings_and_overwrites_none(dry_run):
     out, _ = dry_run
@@ -125,6 +130,7 @@ def test_a_second_run_adds_recordings_and_overwrites_none(dry_run):
     assert all(after[name] == data for name, data in before.items())
 
 
+@pytest.mark.triton
 def test_out_of_budget_steps_are_recorded_as_skipped(tmp_path, capsys):
     # A budget spent before the first step: every step is skipped, every recording still written.
     code = command.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "1e-6", "--only", "correctness,decode_sweep"])
@@ -140,6 +146,7 @@ def test_out_of_budget_steps_are_recorded_as_skipped(tmp_path, capsys):
     assert summary["gpu_check"].startswith("ok, but not run: matmul")
 
 
+@pytest.mark.triton
 def test_a_section_that_raises_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
     def broken(run):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
@@ -170,6 +177,7 @@ def test_each_finished_step_is_on_disk_before_its_section_ends(tmp_path):
     assert not partial.exists() and recordings(tmp_path)["kernels"][0]["timings"] == results
 
 
+@pytest.mark.triton
 @pytest.mark.slow
 def test_a_failed_check_exits_1_and_is_recorded(tmp_path, monkeypatch, capsys):
     from kernels import tolerances  # the table the correctness section reads: nothing passes at 0
@@ -195,6 +203,7 @@ def test_bad_arguments_exit_2_with_one_line(args, tmp_path):
     assert not list(tmp_path.glob("**/*.json"))
 
 
+@pytest.mark.triton
 def test_no_gpu_without_dry_run_exits_2(tmp_path):
     done = gpu_check("--out", str(tmp_path), CUDA_VISIBLE_DEVICES="", timeout=60)  # hides any GPU
     assert done.returncode == 2 and done.stderr.strip() == NO_GPU
@@ -243,6 +252,7 @@ def test_headline_figures_leave_out_host_bound_and_cache_resident_timings(tmp_pa
         "slow host": "host-bound", "in L2": "cache-resident (working set under 2x L2, not flushed)"}
 
 
+@pytest.mark.triton
 def test_a_dry_run_states_what_full_autotuning_costs():
     from labkit.gpu_run import autotune_estimate
     from labkit.sizes import GPU_CHECK_FULL

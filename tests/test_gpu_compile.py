@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from kernels import matmul as _matmul  # noqa: F401 - loads the module object below
-from labkit import gpu_compile as gc
-from labkit.specs import get_model, gpu_limits
+from labkit import backend
+
+if not backend.triton_installed():  # macOS, Windows: no Triton, so no compiler (tests/test_no_triton.py: it says so)
+    pytest.skip(f"skipped: {backend.TRITON_MISSING}", allow_module_level=True)
+
+from kernels import matmul as _matmul  # noqa: E402,F401 - loads the module object below
+from labkit import gpu_compile as gc  # noqa: E402
+from labkit.specs import get_model, gpu_limits  # noqa: E402
 
 MM = sys.modules["kernels.matmul"]
 ROOT = Path(__file__).resolve().parent.parent

@@ -67,8 +67,10 @@ class FakeCuda:
         yield
 
 
-@pytest.mark.parametrize("kernels, cache_dtype, mixed", [("triton", "fp32", True), ("triton", "int8", False),
-                                                        ("torch", "fp32", False), ("torch", "int8", True)])
+@pytest.mark.parametrize("kernels, cache_dtype, mixed", [
+    pytest.param("triton", "fp32", True, marks=pytest.mark.triton),
+    pytest.param("triton", "int8", False, marks=pytest.mark.triton),
+    ("torch", "fp32", False), ("torch", "int8", True)])
 def test_the_captured_formulation_equals_the_eager_step(kernels, cache_dtype, mixed):
     """What the graph captures (positions and lengths from the device, the capacity as the longest
     row) gives the eager step's logits and writes the same K/V, step after step."""

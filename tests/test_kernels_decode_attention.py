@@ -2,12 +2,17 @@
 import pytest
 import torch
 
-from kernel_util import DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter, tol
-from kernels.decode_attention import (decode_attention, decode_attention_reference,
+from labkit.backend import TRITON_MISSING, triton_installed
+
+if not triton_installed():  # macOS, Windows: no wheels; every kernel module imports triton
+    pytest.skip(f"skipped: {TRITON_MISSING}", allow_module_level=True)
+
+from kernel_util import DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter, tol  # noqa: E402
+from kernels.decode_attention import (decode_attention, decode_attention_reference,  # noqa: E402
                                       default_num_splits)
-from kernels.kv_quant import quantize_kv_reference
-from kernels.tolerances import decode_attention_tolerance
-from labkit.dtypes import dtype_name
+from kernels.kv_quant import quantize_kv_reference  # noqa: E402
+from kernels.tolerances import decode_attention_tolerance  # noqa: E402
+from labkit.dtypes import dtype_name  # noqa: E402
 
 pytestmark = needs_cuda_or_interpreter
 

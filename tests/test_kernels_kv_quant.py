@@ -2,12 +2,17 @@
 import pytest
 import torch
 
-from kernel_util import CUDA, DEVICE, gpu_only, needs_cuda_or_interpreter, tol
-from kernels import _runtime
-from kernels.kv_quant import (KV_CACHE_DTYPES, dequantize_kv, quantize_kv,
+from labkit.backend import TRITON_MISSING, triton_installed
+
+if not triton_installed():  # macOS, Windows: no wheels; every kernel module imports triton
+    pytest.skip(f"skipped: {TRITON_MISSING}", allow_module_level=True)
+
+from kernel_util import CUDA, DEVICE, gpu_only, needs_cuda_or_interpreter, tol  # noqa: E402
+from kernels import _runtime  # noqa: E402
+from kernels.kv_quant import (KV_CACHE_DTYPES, dequantize_kv, quantize_kv,  # noqa: E402
                               quantize_kv_reference)
-from kernels.tolerances import INT8_SCALES, kv_quant_code_tolerance
-from labkit.dtypes import TORCH_DTYPES
+from kernels.tolerances import INT8_SCALES, kv_quant_code_tolerance  # noqa: E402
+from labkit.dtypes import TORCH_DTYPES  # noqa: E402
 
 pytestmark = needs_cuda_or_interpreter
 # Codes compared as floats, at kernels/tolerances.py's tolerance: int8 exact in the interpreter,

@@ -2,8 +2,13 @@
 import pytest
 import torch
 
-from kernel_util import DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter
-from kernels.matmul import matmul, matmul_reference
+from labkit.backend import TRITON_MISSING, triton_installed
+
+if not triton_installed():  # macOS, Windows: no wheels; every kernel module imports triton
+    pytest.skip(f"skipped: {TRITON_MISSING}", allow_module_level=True)
+
+from kernel_util import DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter  # noqa: E402
+from kernels.matmul import matmul, matmul_reference  # noqa: E402
 
 pytestmark = needs_cuda_or_interpreter
 # kernels/tolerances.FLOAT, shared with the GPU check (the reasons for each number are there).

@@ -163,6 +163,7 @@ def test_isolated_cuda_timing_plan():
     assert measure.l2_resident(None, l2) is None and measure.l2_resident(1.0, None) is None
 
 
+@pytest.mark.triton  # the CUDA route reads triton's testing module
 def test_isolated_timing_goes_through_the_plan_on_cuda(monkeypatch):
     """No GPU needed: the CUDA pieces are stand-ins; the chosen route's samples become the Timing,
     named by its method, with no host times (launch cost is not in them)."""

@@ -1,0 +1,103 @@
+"""Start JupyterLab on lesson 01: loopback only, always with a token. `make lab` runs this, and
+so does a learner without make (Windows), from the repository root:
+
+    python -m labkit.launch [--port 8888] [--notebook notebooks/01_two_phases.ipynb]
+
+It prints one line, `JupyterLab: http://127.0.0.1:8888/lab/tree/notebooks/01_two_phases.ipynb?token=…`
+(Jupyter's own URL line hides the token, so this is the link to open), then becomes JupyterLab:
+
+  * --ip=127.0.0.1: nothing beyond this machine can connect;
+  * the token is the caller's JUPYTER_TOKEN, else a fresh `secrets.token_urlsafe(24)`, passed in
+    the environment, so it stays out of `ps`;
+  * --ServerApp.port_retries=0: a busy port fails, rather than serving on another port than the
+    link printed;
+  * --ServerApp.root_dir is the repository: with a notebook path alone its folder (notebooks/)
+    would be the root, and the printed /lab/tree/notebooks/... link "Could not find path". The
+    path is still passed, so that where a browser can open, it opens the lesson. Kernels start in
+    the notebook's folder (notebooks/) either way;
+  * --no-browser where no browser can open: Linux or BSD without DISPLAY or WAYLAND_DISPLAY
+    (macOS and Windows always have one); --allow-root only where we are root already
+    (containers, the lab's CI machines).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+from .cli_args import Parser, UsageError
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository (the lab is installed with `pip install -e .`)
+LESSON = "notebooks/01_two_phases.ipynb"
+DEFAULT_PORT = 8888
+HOST = "127.0.0.1"
+
+
+def token() -> str:
+    """The caller's JUPYTER_TOKEN, else a fresh random one: never empty (an empty token lets anyone in)."""
+    return os.environ.get("JUPYTER_TOKEN") or secrets.token_urlsafe(24)
+
+
+def can_open_browser(platform: str = sys.platform, env=os.environ) -> bool:
+    """macOS and Windows always have a desktop to open a browser on; elsewhere only a session with
+    an X or Wayland display has one."""
+    return platform in ("darwin", "win32") or bool(env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"))
+
+
+def is_root() -> bool:
+    """Whether this process runs as root (Jupyter refuses that without --allow-root); never on Windows."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def command(port: int, notebook: str, root: Path, browser: bool, as_root: bool) -> list[str]:
+    """The JupyterLab command line (this Python's `-m jupyterlab`: the venv's, on every OS)."""
+    flags = [f"--ip={HOST}", f"--port={port}", "--ServerApp.port_retries=0"]
+    flags += [] if browser else ["--no-browser"]
+    flags += ["--allow-root"] if as_root else []
+    return [sys.executable, "-m", "jupyterlab", *flags, f"--ServerApp.root_dir={root}", *([notebook] if notebook else [])]
+
+
+def link(port: int, notebook: str, secret: str) -> str:
+    """The URL that opens `notebook` ("" : the file browser) with the token."""
+    return f"http://{HOST}:{port}/lab/tree/{notebook}?token={secret}"
+
+
+def parse_args(argv=None):
+    parser = Parser(prog="python -m labkit.launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port on {HOST} ({DEFAULT_PORT})")
+    parser.add_argument("--notebook", default=LESSON, help=f"the lesson to open, relative to the repository ({LESSON})")
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1 .. 65535, got {args.port}")
+    return args
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+    except UsageError as err:
+        print(f"launch: error: {err}", file=sys.stderr)
+        return 2
+    notebook = args.notebook.replace(os.sep, "/")
+    if not (ROOT / notebook).is_file():
+        print(f"lab: {notebook} not written yet; opening the file browser")
+        notebook = ""
+    secret = token()
+    argv = command(args.port, notebook, ROOT, can_open_browser(), is_root())
+    print(f"JupyterLab: {link(args.port, notebook, secret)}", flush=True)
+    env = {**os.environ, "JUPYTER_TOKEN": secret}
+    try:
+        if os.name == "posix":  # become JupyterLab: make's process group and Ctrl+C reach it directly
+            os.execve(argv[0], argv, env)
+        return subprocess.call(argv, env=env)  # Windows: os.exec* would return to the console at once
+    except KeyboardInterrupt:
+        return 130
+    except OSError as err:
+        print(f"launch: error: could not start JupyterLab: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

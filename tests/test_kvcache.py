@@ -1,0 +1,76 @@
+"""labkit.kvcache's own quantiser: the CPU path's int8/fp8 cache stores, without Triton, exactly
+what kernels/kv_quant.py's reference (which loads triton with its module) stores."""
+import sys
+
+import pytest
+import torch
+
+from labkit import kvcache
+from labkit.errors import LabError
+from labkit.specs import get_model
+
+TINY = get_model("lab-tiny")
+
+
+def fresh_rows(dtype, shape=(2, 3, 17, 32)):
+    """Fresh random rows [B, Hkv, T, dh] with the cases that round differently: an all-zero row,
+    a row of ties (x * 127 / absmax lands on .5), values past e4m3's 448."""
+    x = torch.randn(shape) * torch.rand(shape[:-1] + (1,)) * 4
+    x[0, 0, 0] = 0.0
+    x[0, 1, 0] = torch.tensor([1.0, 0.5 / 127] * (shape[-1] // 2))  # absmax 1: the second value is a tie
+    x[1, 2, 3, :4] = torch.tensor([600.0, -900.0, 448.0, 1e-9])
+    return x.to(dtype)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("cache_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_is_the_kernels_reference_bit_for_bit(cache_dtype, dtype):
+    from kernels.kv_quant import quantize_kv_reference  # loads triton: this test needs it
+    x = fresh_rows(dtype)
+    for scale in ([None] if cache_dtype == "int8" else [None, torch.rand(()) + 0.25]):
+        got, got_scale = kvcache.quantize(x, cache_dtype, scale)
+        want, want_scale = quantize_kv_reference(x, cache_dtype, scale)
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.int8), want.view(torch.int8)), \
+            f"{cache_dtype} from {dtype}: {(got.view(torch.int8) != want.view(torch.int8)).sum().item()} codes differ"
+        assert torch.equal(got_scale, want_scale)
+
+
+def test_int8_codes_round_trip_within_half_a_step():
+    x = fresh_rows(torch.float32)
+    codes, scale = kvcache.quantize(x, "int8")
+    assert codes.dtype == torch.int8 and scale.shape == x.shape[:-1]
+    assert codes.abs().max().item() <= 127
+    err = (codes.float() * scale[..., None] - x).abs()
+    assert (err <= scale[..., None] / 2 + 1e-6).all(), f"max |err| {err.max().item():.3g}"
+    assert (codes[0, 0, 0] == 0).all() and scale[0, 0, 0] == 0, "an all-zero row: scale 0, codes 0"
+
+
+def test_fp8_saturates_instead_of_overflowing():
+    x = fresh_rows(torch.float32)
+    codes, scale = kvcache.quantize(x, "fp8")
+    assert codes.dtype == torch.float8_e4m3fn and scale.item() == 1.0
+    assert codes[1, 2, 3, :3].float().tolist() == [448.0, -448.0, 448.0]
+    assert torch.isfinite(codes.float()).all()
+
+
+def test_a_float_cache_dtype_is_not_quantised():
+    with pytest.raises(LabError, match="not a quantised cache dtype"):
+        kvcache.quantize(torch.zeros(2, 4), "bf16")
+
+
+@pytest.mark.parametrize("cache_dtype", ["int8", "fp8"])
+def test_the_cpu_path_fills_and_reads_a_quantised_cache_without_kernels(monkeypatch, cache_dtype):
+    """`sys.modules[name] = None` makes importing `name` fail: the CPU cache never imports the
+    kernels (as on macOS and Windows, where there is no Triton for them to import)."""
+    monkeypatch.setitem(sys.modules, "kernels.kv_quant", None)
+    cache = kvcache.KVCache(TINY, batch=2, max_tokens=16, cache_dtype=cache_dtype, device="cpu")
+    assert cache.use_triton is False
+    k = torch.randn(2, TINY.n_kv_heads, 5, TINY.head_dim)
+    cache.update(0, k, -k, 0)
+    cache.fill_random(3)
+    cache.update(1, k, -k, 3)
+    got_k, got_v = cache.read(1, 8)
+    step = 0.07 if cache_dtype == "fp8" else 0.01  # e4m3's 3 mantissa bits; int8's absmax / 254
+    torch.testing.assert_close(got_k[:, :, 3:8], k, atol=step * k.abs().max().item(), rtol=0.07)
+    torch.testing.assert_close(got_v[:, :, 3:8], -k, atol=step * k.abs().max().item(), rtol=0.07)
