@@ -61,6 +61,7 @@ def prefill_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, prompt_toke
     """Time one prefill of `batch` random prompts of `prompt_tokens` tokens whole and in parts
     (cache in the compute dtype unless `cache_dtype` is given); `budget_s` shortens the timing
     (default `sweeps.CPU_BUDGET_S`)."""
+    budget_s = _budget(budget_s)
     built = _cpu_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
     _check(spec, batch, prompt_tokens, "prompt_tokens", low=1)
@@ -78,6 +79,7 @@ def decode_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, batch: int =
                      cache_dtype: str = "fp32", device: str | None = None, budget_s: float | None = None) -> dict:
     """Time one decode step of `batch` sequences over `context_tokens` cached tokens each (the
     cache filled with random values, as `sweeps.measure_decode` does) whole and in parts."""
+    budget_s = _budget(budget_s)
     built = _cpu_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
     _check(spec, batch, context_tokens, "context_tokens", low=0)
@@ -109,14 +111,19 @@ def bind_decode(model: ModelSpec | str = sweeps.DEFAULT_MODEL, **fixed):
 
 
 # ------------------------------------------------------------------ timing
-def _time_parts(built, step, after, budget_s: float | None) -> dict:
-    """Timings (the fastest confirmed sample of each) of "whole" (the step as it always runs),
-    "timed" (the same step with the clock hooked in) and each category's parts within it;
-    `after()` runs untimed after every step."""
+def _budget(budget_s: float | None) -> float:
+    """The timing's budget: `sweeps.CPU_BUDGET_S` unless given, at most `sweeps.CPU_MAX_BUDGET_S`
+    (a point goes on to that while its fastest call is unconfirmed)."""
     budget_s = budget_s or sweeps.CPU_BUDGET_S
     if not 0 < budget_s <= sweeps.CPU_MAX_BUDGET_S:
         raise LabError(f"budget_s must be in (0, {sweeps.CPU_MAX_BUDGET_S}] s, got {budget_s!r}")
+    return budget_s
 
+
+def _time_parts(built, step, after, budget_s: float) -> dict:
+    """Timings (the fastest confirmed sample of each) of "whole" (the step as it always runs),
+    "timed" (the same step with the clock hooked in) and each category's parts within it;
+    `after()` runs untimed after every step."""
     def sample() -> dict[str, float]:
         whole_s = _seconds(step)
         after()
@@ -129,8 +136,7 @@ def _time_parts(built, step, after, budget_s: float | None) -> dict:
         after()
         return {"whole": whole_s, "timed": timed_s, **clock.seconds}
 
-    return sample_until_stable(sample, budget_s, max(budget_s, sweeps.CPU_MAX_BUDGET_S),
-                               max_samples=sweeps.CPU_MAX_SAMPLES)
+    return sample_until_stable(sample, budget_s, sweeps.CPU_MAX_BUDGET_S, max_samples=sweeps.CPU_MAX_SAMPLES)
 
 
 def _seconds(fn) -> float:
@@ -177,8 +183,8 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
             "peak_flops_per_s": roof.peak_flops_per_s(dtype),
             "predicted_time_s": roofline.roofline_time_s(flops_total, working_set_bytes, roof, dtype),
             # the chapter's planning line for the whole step: 40 % of peak FLOP/s, 75 % of the bandwidth
-            "planned_time_s": roofline.roofline_time_s(flops_total, working_set_bytes, roof, dtype, roofline.CHAPTER_MFU,
-                                                       roofline.CHAPTER_BANDWIDTH_EFFICIENCY),
+            "planned_time_s": roofline.roofline_time_s(flops_total, working_set_bytes, roof, dtype,
+                                                       roofline.CHAPTER_MFU, roofline.CHAPTER_BANDWIDTH_EFFICIENCY),
             "roof_parts_time_s": sum(row["roof_time_s"] for row in rows),
             "flops": flops_total, "bytes": sum(w["bytes"] for w in work.values()),  # every part's, counted
             "measured_by": "peak FLOP/s" if measure_by == "flops" else "bandwidth",

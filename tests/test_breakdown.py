@@ -170,7 +170,8 @@ def test_overhead_is_what_the_parts_leave_out(fake_roof, monkeypatch):
     and nowhere else."""
     pause_s = 0.02
     check = model_module._check_decode
-    monkeypatch.setattr(model_module, "_check_decode", lambda cache, tokens: (time.sleep(pause_s), check(cache, tokens)))
+    monkeypatch.setattr(model_module, "_check_decode",
+                        lambda cache, tokens: (time.sleep(pause_s), check(cache, tokens)))
     b = breakdown.decode_breakdown("lab-tiny", batch=1, context_tokens=16, cache_dtype="fp32", device="cpu",
                                    budget_s=QUICK_S)
     rows = {row["category"]: row for row in b["categories"]}
