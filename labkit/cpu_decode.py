@@ -9,7 +9,8 @@ more than once. So here:
 
   * elementwise work runs as numpy calls (far cheaper per call than torch's);
   * the 17 products run on weights prepared once (`cpu_linear`: MKL's packed weights on an
-    Intel CPU, numba's few-row kernel elsewhere, numpy's BLAS without numba), so the step reads
+    Intel CPU, numba's few-row kernels elsewhere with oneDNN's packed weights from 8 rows,
+    numpy's BLAS without numba), so the step reads
     each weight once whatever B is, as the roofline counts;
   * attention is `cpu_kernels.decode_attention` on the cache's own buffers for every cache dtype
     and for rows of different lengths: fp32, bf16, fp8 or int8 read as stored and widened in

@@ -3,7 +3,7 @@
 Why it exists: at B = 4-32 a plain BLAS gemm copies ("packs") the whole weight into its own tile
 layout at every call before it multiplies, and for a few rows that copy costs more than the
 product: the lab's 49,152 x 256 LM head read at 42-44 GB/s as a B = 1 product but at 4-23 GB/s
-at B = 4-32 (the issue's measurements). So the decode step prepares its weights ONCE, and three
+at B = 4-32 (the issue's measurements). So the decode step prepares its weights ONCE, and four
 ways to do that are tried in this order, the first that applies is used:
 
   "mkl"    Intel CPUs with torch's MKL: MKL's own packed weight (cblas_sgemm_pack, the op
