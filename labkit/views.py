@@ -163,15 +163,24 @@ class LessonWidget:
             self.error.status(self.describe(self.result))
 
     def prime(self, settings: list[dict]):
-        """Compute and draw a first few settings (with a progress bar), so a chart starts with
-        points on it; the controls keep their own values."""
+        """Compute, then draw, a first few settings (with a progress bar), so a chart starts with
+        points on it; the controls keep their own values.
+
+        All are measured before any is drawn, the last (in a sweep, the longest) first: a chart
+        redrawn in the browser while the next point is timed, or the cells above still drawing
+        when the first is, took the same 2 cores, and the shortest call suffers most (lesson 02's
+        512-token prefill timed 2x slow, confirmed, in a 2-core browser run)."""
         bar, advance = progress(len(settings))
         self.widget.children = (*self.widget.children, bar)
-        for done, values in enumerate(settings, start=1):
+        results = {}
+        for done, index in enumerate(reversed(range(len(settings))), start=1):
             with self.error.guard():
-                self.result = self.compute(**values)
-                self.draw(self.result)
+                results[index] = self.compute(**settings[index])
             advance(done, len(settings))
+        for index in sorted(results):
+            with self.error.guard():
+                self.result = results[index]
+                self.draw(self.result)
         self.widget.children = self.widget.children[:-1]
 
 

@@ -415,3 +415,23 @@ def test_a_wide_spread_is_flagged_noisy_and_drawn_apart_from_trusted_points():
     # Its residual is no more trustworthy than its time: drawn in the noisy colour, not as fact.
     colors = list(fig.data[3].marker.color)
     assert colors == [views.MEASURED["color"], views.NOISY["color"]]
+
+
+def test_prime_times_every_point_longest_first_and_only_then_draws():
+    """A chart redrawn in the browser takes the cores a point is being timed on: prime measures
+    all its settings (the last first), then draws them in their own order."""
+    events = []
+    predicted = {"prompt_tokens": [64, 128, 192], "predicted_time_s": [1e-3, 2e-3, 3e-3]}
+
+    def measure(prompt_tokens):
+        events.append(("measure", prompt_tokens))
+        return {"prompt_tokens": prompt_tokens, "time_s": 1e-3, "predicted_time_s": 1e-3, "device": "cpu"}
+
+    lab = views.SliderLab({"prompt_tokens": views.int_slider("P", 64, 64, 192, 64)}, measure,
+                          predicted, "prompt_tokens", "P", "title")
+    real_add = lab.add
+    lab.draw = lambda record: (events.append(("draw", record["prompt_tokens"])), real_add(record))[1]
+    lab.prime([{"prompt_tokens": p} for p in (64, 128, 192)])
+    assert events == [("measure", 192), ("measure", 128), ("measure", 64),
+                      ("draw", 64), ("draw", 128), ("draw", 192)]
+    assert lab.result["prompt_tokens"] == 192 and [r["prompt_tokens"] for r in lab.records] == [64, 128, 192]
