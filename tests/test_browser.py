@@ -345,16 +345,28 @@ def test_without_chromium_the_browser_tests_skip_or_under_ci_fail(monkeypatch, c
         browser_util.sync_playwright()
 
 
+IDLE_GROWTH_PY = """
+import json, sys
+from labkit import sweeps
+prompts = [int(p) for p in sys.argv[1:]]
+best = {}
+for _ in range(2):  # each prompt twice, alternating, in one warm process; its fastest kept
+    for p in prompts:
+        best[p] = min(best.get(p, float("inf")), sweeps.measure_prefill(prompt_tokens=p)["time_s"])
+print(json.dumps([best[p] for p in prompts]))
+"""
+
+
 def idle_growth(server, prompts=(512, 4096)) -> float:
-    """What `python -m labkit measure prefill` gives on the idle machine (no notebook open, the
-    browser waiting): the ratio of the longest prompt's time to the shortest's."""
-    times = []
-    for prompt in prompts:
-        out = subprocess.run([str(VENV_BIN / "python"), "-m", "labkit", "measure", "prefill", "--prompt", str(prompt),
-                              "--json"], cwd=ROOT, env=server.env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        times.append(json.loads(out.stdout)["time_s"])
-    return times[1] / times[0]
+    """What labkit measures on the idle machine (no notebook open, the browser waiting): the ratio
+    of the longest prompt's prefill time to the shortest's, each the fastest of two points timed
+    in alternation in one warm process, as the lesson's kernel is warm (single cold `measure`
+    runs put the same ratio anywhere from 11.5x to 13.5x on the 2-core EPYC)."""
+    out = subprocess.run([str(VENV_BIN / "python"), "-c", IDLE_GROWTH_PY, *map(str, prompts)], cwd=ROOT,
+                         env=server.env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    times = json.loads(out.stdout.strip().splitlines()[-1])
+    return times[-1] / times[0]
 
 
 def wait_for_no_sessions(server, timeout_s: float = 90):
