@@ -18,8 +18,12 @@ Shapes: q [B, H, P, D]; k, v [B, Hkv, S, D]; o [B, H, P, D].
 import math
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # macOS, Windows: no Triton wheels; the torch reference below still runs
+    triton = tl = None
 
 from ._runtime import INTERPRETED, capability, check_runnable, shared_bytes_per_block
 
@@ -93,77 +97,78 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps) in keep]
 
 
-@triton.autotune(configs=_configs(), key=["P_BUCKET", "S_BUCKET", "HEAD_DIM", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": _prune})
-@triton.jit(do_not_specialize=["P", "S", "P_BUCKET", "S_BUCKET"])  # one compiled variant for every length
-def _flash_attention_kernel(
-    q_ptr,  # [B, H, P, D] queries (fp16/bf16/fp32), any strides
-    k_ptr,  # [B, Hkv, S, D] keys, same dtype
-    v_ptr,  # [B, Hkv, S, D] values, same dtype
-    o_ptr,  # [B, H, P, D] output, dtype of q
-    qk_scale,  # sm_scale * log2(e): scores come out in base 2
-    H, P, S,  # query heads, queries, keys (S >= P; queries are the last P positions)
-    P_BUCKET, S_BUCKET,  # bucket(P), bucket(S): the autotune key in place of P and S; unused
-    GROUP,  # H // Hkv: query heads per kv head
-    stride_qb, stride_qh, stride_qp, stride_qd,  # element strides of q
-    stride_kb, stride_kh, stride_ks, stride_kd,  # element strides of k
-    stride_vb, stride_vh, stride_vs, stride_vd,  # element strides of v
-    stride_ob, stride_oh, stride_op, stride_od,  # element strides of o
-    CAUSAL: tl.constexpr,  # mask keys after each query's absolute position
-    HEAD_DIM: tl.constexpr,  # D, a power of two in [16, 256]
-    INPUT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 dots
-    BLOCK_M: tl.constexpr,  # queries per program
-    BLOCK_N: tl.constexpr,  # keys per inner-loop step
-):
-    start_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)  # int64: b * stride_qb can pass 2**31 for long batched prompts
-    h = (pid_bh % H).to(tl.int64)
-    kv_h = h // GROUP  # GQA: consecutive query heads share one kv head
+if triton is not None:  # the kernel exists where Triton does; `attention_reference` everywhere
+    @triton.autotune(configs=_configs(), key=["P_BUCKET", "S_BUCKET", "HEAD_DIM", "CAUSAL"],
+                     prune_configs_by={"early_config_prune": _prune})
+    @triton.jit(do_not_specialize=["P", "S", "P_BUCKET", "S_BUCKET"])  # one compiled variant for every length
+    def _flash_attention_kernel(
+        q_ptr,  # [B, H, P, D] queries (fp16/bf16/fp32), any strides
+        k_ptr,  # [B, Hkv, S, D] keys, same dtype
+        v_ptr,  # [B, Hkv, S, D] values, same dtype
+        o_ptr,  # [B, H, P, D] output, dtype of q
+        qk_scale,  # sm_scale * log2(e): scores come out in base 2
+        H, P, S,  # query heads, queries, keys (S >= P; queries are the last P positions)
+        P_BUCKET, S_BUCKET,  # bucket(P), bucket(S): the autotune key in place of P and S; unused
+        GROUP,  # H // Hkv: query heads per kv head
+        stride_qb, stride_qh, stride_qp, stride_qd,  # element strides of q
+        stride_kb, stride_kh, stride_ks, stride_kd,  # element strides of k
+        stride_vb, stride_vh, stride_vs, stride_vd,  # element strides of v
+        stride_ob, stride_oh, stride_op, stride_od,  # element strides of o
+        CAUSAL: tl.constexpr,  # mask keys after each query's absolute position
+        HEAD_DIM: tl.constexpr,  # D, a power of two in [16, 256]
+        INPUT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 dots
+        BLOCK_M: tl.constexpr,  # queries per program
+        BLOCK_N: tl.constexpr,  # keys per inner-loop step
+    ):
+        start_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = (pid_bh // H).to(tl.int64)  # int64: b * stride_qb can pass 2**31 for long batched prompts
+        h = (pid_bh % H).to(tl.int64)
+        kv_h = h // GROUP  # GQA: consecutive query heads share one kv head
 
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows within P
-    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    q_pos = S - P + offs_m  # absolute positions of the queries (chunked prefill)
+        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows within P
+        offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        offs_d = tl.arange(0, HEAD_DIM)  # [D]
+        q_pos = S - P + offs_m  # absolute positions of the queries (chunked prefill)
 
-    q_ptrs = (q_ptr + b * stride_qb + h * stride_qh
-              + offs_m[:, None] * stride_qp + offs_d[None, :] * stride_qd)  # [BLOCK_M, D]
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < P, other=0.0)
-    # K is read as its transpose [D, BLOCK_N] straight from memory, so q @ kT needs no tl.trans.
-    kT_ptrs = (k_ptr + b * stride_kb + kv_h * stride_kh
-               + offs_n[None, :] * stride_ks + offs_d[:, None] * stride_kd)  # [D, BLOCK_N]
-    v_ptrs = (v_ptr + b * stride_vb + kv_h * stride_vh
-              + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd)  # [BLOCK_N, D]
+        q_ptrs = (q_ptr + b * stride_qb + h * stride_qh
+                  + offs_m[:, None] * stride_qp + offs_d[None, :] * stride_qd)  # [BLOCK_M, D]
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < P, other=0.0)
+        # K is read as its transpose [D, BLOCK_N] straight from memory, so q @ kT needs no tl.trans.
+        kT_ptrs = (k_ptr + b * stride_kb + kv_h * stride_kh
+                   + offs_n[None, :] * stride_ks + offs_d[:, None] * stride_kd)  # [D, BLOCK_N]
+        v_ptrs = (v_ptr + b * stride_vb + kv_h * stride_vh
+                  + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd)  # [BLOCK_N, D]
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base-2 scores)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2**(s - m_i)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running unnormalised output
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base-2 scores)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2**(s - m_i)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running unnormalised output
 
-    # Causal: keys after the tile's last query position are masked for every row; skip them.
-    hi = tl.minimum(S, S - P + (start_m + 1) * BLOCK_M) if CAUSAL else S
-    for start_n in range(0, hi, BLOCK_N):
-        keys = start_n + offs_n  # [BLOCK_N] absolute key positions
-        kT = tl.load(kT_ptrs + start_n * stride_ks, mask=keys[None, :] < S, other=0.0)  # [D, BLOCK_N]
-        s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        visible = keys[None, :] < S
-        if CAUSAL:
-            visible = visible & (keys[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        # Key 0 is visible to every row and lies in the first tile, so m_new is finite from then on
-        # and the -inf entries become exact zeros in p.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]; 0 on the first tile (m_i = -inf)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptrs + start_n * stride_vs, mask=keys[:, None] < S, other=0.0)  # [BLOCK_N, D]
-        # p is rounded to v's dtype so the second dot runs on tensor cores like the first.
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        # Causal: keys after the tile's last query position are masked for every row; skip them.
+        hi = tl.minimum(S, S - P + (start_m + 1) * BLOCK_M) if CAUSAL else S
+        for start_n in range(0, hi, BLOCK_N):
+            keys = start_n + offs_n  # [BLOCK_N] absolute key positions
+            kT = tl.load(kT_ptrs + start_n * stride_ks, mask=keys[None, :] < S, other=0.0)  # [D, BLOCK_N]
+            s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+            visible = keys[None, :] < S
+            if CAUSAL:
+                visible = visible & (keys[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            # Key 0 is visible to every row and lies in the first tile, so m_new is finite from then on
+            # and the -inf entries become exact zeros in p.
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
+            p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+            alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]; 0 on the first tile (m_i = -inf)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=keys[:, None] < S, other=0.0)  # [BLOCK_N, D]
+            # p is rounded to v's dtype so the second dot runs on tensor cores like the first.
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+            m_i = m_new
 
-    o = acc / l_i[:, None]
-    o_ptrs = (o_ptr + b * stride_ob + h * stride_oh
-              + offs_m[:, None] * stride_op + offs_d[None, :] * stride_od)  # [BLOCK_M, D]
-    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < P)
+        o = acc / l_i[:, None]
+        o_ptrs = (o_ptr + b * stride_ob + h * stride_oh
+                  + offs_m[:, None] * stride_op + offs_d[None, :] * stride_od)  # [BLOCK_M, D]
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < P)
 
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -12,8 +12,12 @@ What you learn here:
 Shapes: x is [..., D], e.g. [B, Hkv, T, D]; int8 scales are x.shape[:-1] (one per row).
 """
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # macOS, Windows: no Triton wheels; the torch reference below still runs
+    triton = tl = None
 
 from ._runtime import check_dtype_supported, check_runnable
 
@@ -39,41 +43,42 @@ INT8_MAX = 127.0  # symmetric range [-127, 127]; -128 unused so that -q is alway
 #   store q (and the int8 scales)
 
 
-@triton.jit(do_not_specialize=["R"])  # one compiled variant for every row count
-def _quantize_kv_kernel(
-    x_ptr,  # [R, D] input rows (fp16/bf16/fp32), row stride stride_xr, unit column stride
-    q_ptr,  # [R, D] output (int8 or float8_e4m3fn), contiguous
-    scale_ptr,  # int8: [R] fp32 per-row scales (written); fp8: unused
-    inv_scale_ptr,  # fp8: 0-dim fp32 holding 1/scale (computed on host); int8: unused
-    R,  # number of rows = x.numel() // D
-    D,  # row length (head dim)
-    stride_xr,  # elements between consecutive rows of x
-    IS_INT8: tl.constexpr,  # True: per-row int8; False: per-tensor fp8 e4m3
-    BLOCK_R: tl.constexpr,  # rows per program
-    BLOCK_D: tl.constexpr,  # next power of two >= D (tl.arange needs a power of two)
-):
-    pid = tl.program_id(0)
-    # int64 rows: offs_r * D reaches B * Hkv * T * D, past 2**31 for a long batched cache.
-    offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    mask = (offs_r[:, None] < R) & (offs_d[None, :] < D)  # [BLOCK_R, BLOCK_D]
-    x = tl.load(x_ptr + offs_r[:, None] * stride_xr + offs_d[None, :], mask=mask, other=0.0)
-    x = x.to(tl.float32)
-    if IS_INT8:
-        absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_R]
-        # An all-zero row gets scale 0 and quantises to 0 (instead of dividing by zero).
-        nonzero = absmax > 0
-        inv = tl.where(nonzero, 127.0 / tl.where(nonzero, absmax, 1.0), 0.0)  # 127 = INT8_MAX
-        # Round to nearest, ties up: floor(y + 0.5). The reference uses the same formula, so the
-        # two agree bit for bit (torch.round would round ties to even).
-        q = tl.floor(x * inv[:, None] + 0.5)
-        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], q.to(tl.int8), mask=mask)
-        tl.store(scale_ptr + offs_r, absmax / 127.0, mask=offs_r < R)
-    else:
-        y = x * tl.load(inv_scale_ptr)
-        y = tl.minimum(tl.maximum(y, -448.0), 448.0)  # FP8_MAX; e4m3fn has no inf: saturate first
-        tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], y.to(tl.float8e4nv), mask=mask)
+if triton is not None:  # the kernel exists where Triton does; `quantize_kv_reference` everywhere
+    @triton.jit(do_not_specialize=["R"])  # one compiled variant for every row count
+    def _quantize_kv_kernel(
+        x_ptr,  # [R, D] input rows (fp16/bf16/fp32), row stride stride_xr, unit column stride
+        q_ptr,  # [R, D] output (int8 or float8_e4m3fn), contiguous
+        scale_ptr,  # int8: [R] fp32 per-row scales (written); fp8: unused
+        inv_scale_ptr,  # fp8: 0-dim fp32 holding 1/scale (computed on host); int8: unused
+        R,  # number of rows = x.numel() // D
+        D,  # row length (head dim)
+        stride_xr,  # elements between consecutive rows of x
+        IS_INT8: tl.constexpr,  # True: per-row int8; False: per-tensor fp8 e4m3
+        BLOCK_R: tl.constexpr,  # rows per program
+        BLOCK_D: tl.constexpr,  # next power of two >= D (tl.arange needs a power of two)
+    ):
+        pid = tl.program_id(0)
+        # int64 rows: offs_r * D reaches B * Hkv * T * D, past 2**31 for a long batched cache.
+        offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+        offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+        mask = (offs_r[:, None] < R) & (offs_d[None, :] < D)  # [BLOCK_R, BLOCK_D]
+        x = tl.load(x_ptr + offs_r[:, None] * stride_xr + offs_d[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        if IS_INT8:
+            absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_R]
+            # An all-zero row gets scale 0 and quantises to 0 (instead of dividing by zero).
+            nonzero = absmax > 0
+            inv = tl.where(nonzero, 127.0 / tl.where(nonzero, absmax, 1.0), 0.0)  # 127 = INT8_MAX
+            # Round to nearest, ties up: floor(y + 0.5). The reference uses the same formula, so the
+            # two agree bit for bit (torch.round would round ties to even).
+            q = tl.floor(x * inv[:, None] + 0.5)
+            q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+            tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], q.to(tl.int8), mask=mask)
+            tl.store(scale_ptr + offs_r, absmax / 127.0, mask=offs_r < R)
+        else:
+            y = x * tl.load(inv_scale_ptr)
+            y = tl.minimum(tl.maximum(y, -448.0), 448.0)  # FP8_MAX; e4m3fn has no inf: saturate first
+            tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], y.to(tl.float8e4nv), mask=mask)
 
 
 def _resolve_dtype(cache_dtype) -> torch.dtype:

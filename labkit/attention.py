@@ -26,7 +26,6 @@ triton, and the CPU path never needs it.
 from __future__ import annotations
 
 import ctypes
-import math
 import platform
 from pathlib import Path
 
@@ -81,19 +80,10 @@ def _fused_for_check(device: str, dtype: str):
 
 def naive_attention(q, k, v, causal: bool = True):
     """Plain attention that materialises the [B, H, P, S] fp32 scores: q [B, H, P, dh], k, v
-    [B, Hkv, S, dh], queries the last P of S positions. The formulas of kernels/flash_attention.py's
-    `attention_reference` (which loads triton with its module; tests/test_attention.py pins the
-    two bit for bit), here so that the CPU path runs without Triton."""
-    B, H, P, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    k = k.float().repeat_interleave(H // Hkv, dim=1)  # [B, H, S, D]: head h -> kv head h // G
-    v = v.float().repeat_interleave(H // Hkv, dim=1)
-    scores = (q.float() @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # [B, H, P, S]
-    if causal:
-        q_pos = torch.arange(S - P, S, device=q.device)  # absolute query positions [P]
-        visible = torch.arange(S, device=q.device)[None, :] <= q_pos[:, None]  # [P, S]
-        scores = scores.masked_fill(~visible, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
+    [B, Hkv, S, dh], queries the last P of S positions. The kernels' own torch reference, which
+    imports without Triton (macOS, Windows)."""
+    from kernels.flash_attention import attention_reference  # triton, where installed: after the interpreter choice
+    return attention_reference(q, k, v, causal)
 
 
 def _sdpa(q, k, v, causal: bool = False):

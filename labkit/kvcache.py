@@ -7,8 +7,8 @@ What it shows:
   * storing the cache in fewer bytes (int8, fp8) shrinks what each decode step must read.
     int8 keeps one fp32 scale per token per kv head (absmax / 127); fp8 e4m3 keeps one fixed
     fp32 scale per layer for K and for V, 1.0 here — real engines calibrate it on sample data.
-    The Triton path quantises with kernels/kv_quant.py's kernel, the CPU path with `quantize`,
-    the same formulas in torch, so it never needs Triton (none on macOS or Windows);
+    The Triton path quantises with kernels/kv_quant.py's kernel, the CPU path with its torch
+    reference beside it, which imports without Triton (none on macOS or Windows);
   * buffers are allocated once for `max_tokens` positions (as gpt-fast and vLLM do), so decode
     never reallocates; `lengths` says how much of each row is in use.
 
@@ -32,8 +32,6 @@ from .errors import LabError
 from .specs import ModelSpec
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")  # stored as they are; the others are quantised
-INT8_MAX = 127.0  # int8 codes in [-127, 127]: -128 unused, so that -q is always representable
-FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
 
 
 def cache_footprint_bytes(spec: ModelSpec, batch: int, max_tokens: int, cache_dtype: str) -> int:
@@ -209,37 +207,16 @@ class KVCache:
 
 
 def _quantize(x, cache_dtype, scale, use_triton):
-    """kernels.kv_quant.quantize_kv where the cache runs the Triton path (CUDA, or the interpreter
-    in tests); `quantize` elsewhere: the CPU path never imports triton (none on macOS, Windows)."""
+    """kernels.kv_quant's kernel where the cache runs the Triton path (CUDA, or the interpreter in
+    tests); its torch reference elsewhere, which needs no triton (none on macOS, Windows)."""
     if cache_dtype in FLOAT_DTYPES:
         return x.to(torch_dtype(cache_dtype)), None
+    # On first use, as `ops.TritonOps` imports kernels: kv_quant imports triton where it is
+    # installed, which reads TRITON_INTERPRET once, and importing labkit.model must not fix it early.
+    from kernels.kv_quant import quantize_kv, quantize_kv_reference
     if not use_triton:
-        return quantize(x, cache_dtype, scale)
-    # On first use, as `ops.TritonOps` imports kernels: kv_quant imports triton, which reads
-    # TRITON_INTERPRET once, at its import, and importing labkit.model must not fix it early.
-    from kernels.kv_quant import quantize_kv
+        return quantize_kv_reference(x, cache_dtype, scale)
     return quantize_kv(x, cache_dtype, scale, use_triton=True)
-
-
-def quantize(x: torch.Tensor, cache_dtype: str, scale: torch.Tensor | None = None):
-    """x [..., dh] quantised for an "int8" or "fp8" cache in torch, with the formulas of
-    kernels/kv_quant.py's kernel and reference (which loads triton with its module), so the CPU
-    path stores what it stored through that reference: tests/test_kvcache.py pins the two bit for
-    bit. int8 -> (codes [..., dh], fp32 scales [...], absmax / 127); fp8 -> (e4m3 codes, the 0-dim
-    fp32 `scale`, 1.0 if None)."""
-    xf = x.float()
-    if cache_dtype == "int8":
-        absmax = xf.abs().amax(dim=-1)  # [...]: one scale per row
-        # A true division, as the kernel does: torch's `127.0 / t` is t.reciprocal() * 127, which
-        # rounds differently and would move some ties by one code.
-        inv = torch.where(absmax > 0, torch.full_like(absmax, INT8_MAX) / absmax, 0.0)
-        codes = torch.floor(xf * inv[..., None] + 0.5).clamp(-INT8_MAX, INT8_MAX)  # ties up, as the kernel
-        return codes.to(torch.int8), absmax / INT8_MAX
-    if cache_dtype == "fp8":
-        scale = torch.tensor(1.0, dtype=torch.float32, device=x.device) if scale is None else scale
-        y = (xf * scale.reciprocal()).clamp(-FP8_MAX, FP8_MAX)  # e4m3fn has no inf: saturate first
-        return y.to(torch.float8_e4m3fn), scale
-    raise LabError(f"quantize: {cache_dtype!r} is not a quantised cache dtype (int8, fp8)")
 
 
 def _tile(dst, block, reps, rest):

@@ -99,8 +99,8 @@ def test_exp_nonpositive_is_fp32_accurate():
 # ------------------------------------------------------------------ decode attention
 def stored_cache(kind, shape, seed):
     """(K or V as stored, its per-token scales or None) from random O(1) values, quantised as
-    KVCache does (labkit.kvcache.quantize for int8/fp8: no triton, as on macOS and Windows)."""
-    from labkit.kvcache import quantize
+    KVCache does on the CPU (kernels.kv_quant's torch reference for int8/fp8)."""
+    from kernels.kv_quant import quantize_kv_reference as quantize
     x = torch.from_numpy(rng(seed).standard_normal(shape, dtype=np.float32))
     if kind == "fp32":
         return x.numpy(), None

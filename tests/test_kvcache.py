@@ -1,12 +1,11 @@
-"""labkit.kvcache's own quantiser: the CPU path's int8/fp8 cache stores, without Triton, exactly
-what kernels/kv_quant.py's reference (which loads triton with its module) stores."""
+"""The CPU path's int8/fp8 cache quantises through kernels/kv_quant.py's torch reference, which
+imports without Triton (macOS, Windows), and stores exactly what that reference gives."""
 import sys
 
 import pytest
 import torch
 
 from labkit import kvcache
-from labkit.errors import LabError
 from labkit.specs import get_model
 
 TINY = get_model("lab-tiny")
@@ -22,14 +21,18 @@ def fresh_rows(dtype, shape=(2, 3, 17, 32)):
     return x.to(dtype)
 
 
-@pytest.mark.triton
+def quantize(x, cache_dtype, scale=None):
+    """What a CPU cache stores for rows x (the path without Triton's kernel)."""
+    return kvcache._quantize(x, cache_dtype, scale, use_triton=False)
+
+
 @pytest.mark.parametrize("cache_dtype", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_quantize_is_the_kernels_reference_bit_for_bit(cache_dtype, dtype):
-    from kernels.kv_quant import quantize_kv_reference  # loads triton: this test needs it
+    from kernels.kv_quant import quantize_kv_reference  # imports with or without triton
     x = fresh_rows(dtype)
     for scale in ([None] if cache_dtype == "int8" else [None, torch.rand(()) + 0.25]):
-        got, got_scale = kvcache.quantize(x, cache_dtype, scale)
+        got, got_scale = quantize(x, cache_dtype, scale)
         want, want_scale = quantize_kv_reference(x, cache_dtype, scale)
         assert got.dtype == want.dtype and torch.equal(got.view(torch.int8), want.view(torch.int8)), \
             f"{cache_dtype} from {dtype}: {(got.view(torch.int8) != want.view(torch.int8)).sum().item()} codes differ"
@@ -38,7 +41,7 @@ def test_quantize_is_the_kernels_reference_bit_for_bit(cache_dtype, dtype):
 
 def test_int8_codes_round_trip_within_half_a_step():
     x = fresh_rows(torch.float32)
-    codes, scale = kvcache.quantize(x, "int8")
+    codes, scale = quantize(x, "int8")
     assert codes.dtype == torch.int8 and scale.shape == x.shape[:-1]
     assert codes.abs().max().item() <= 127
     err = (codes.float() * scale[..., None] - x).abs()
@@ -48,22 +51,24 @@ def test_int8_codes_round_trip_within_half_a_step():
 
 def test_fp8_saturates_instead_of_overflowing():
     x = fresh_rows(torch.float32)
-    codes, scale = kvcache.quantize(x, "fp8")
+    codes, scale = quantize(x, "fp8")
     assert codes.dtype == torch.float8_e4m3fn and scale.item() == 1.0
     assert codes[1, 2, 3, :3].float().tolist() == [448.0, -448.0, 448.0]
     assert torch.isfinite(codes.float()).all()
 
 
 def test_a_float_cache_dtype_is_not_quantised():
-    with pytest.raises(LabError, match="not a quantised cache dtype"):
-        kvcache.quantize(torch.zeros(2, 4), "bf16")
+    values, scale = quantize(torch.randn(2, 4), "bf16")
+    assert values.dtype == torch.bfloat16 and scale is None
 
 
 @pytest.mark.parametrize("cache_dtype", ["int8", "fp8"])
 def test_the_cpu_path_fills_and_reads_a_quantised_cache_without_kernels(monkeypatch, cache_dtype):
-    """`sys.modules[name] = None` makes importing `name` fail: the CPU cache never imports the
-    kernels (as on macOS and Windows, where there is no Triton for them to import)."""
-    monkeypatch.setitem(sys.modules, "kernels.kv_quant", None)
+    """`sys.modules["triton"] = None` makes importing triton fail, as on macOS and Windows: the
+    kernels' module imports again without it, and the CPU cache quantises through its reference."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    monkeypatch.delitem(sys.modules, "kernels.kv_quant", raising=False)  # imported again, under the block
     cache = kvcache.KVCache(TINY, batch=2, max_tokens=16, cache_dtype=cache_dtype, device="cpu")
     assert cache.use_triton is False
     k = torch.randn(2, TINY.n_kv_heads, 5, TINY.head_dim)
