@@ -178,13 +178,8 @@ if AVAILABLE:
         N = w.shape[0]
         for group in range(first, stop):
             j = group * 4
-            if j + 4 > N:  # the last, partial group
-                for jj in range(j, N):
-                    for b in range(B):
-                        acc = np.float32(0)
-                        for k in range(K):
-                            acc += x[b, k] * w[jj, k]
-                        out[b, jj] = acc
+            if j + 4 > N:  # the last, partial group: its rows one at a time
+                row_dot_linear(x, w, out, j, N)
                 continue
             b = 0
             while b + 4 <= B:

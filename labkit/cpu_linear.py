@@ -129,6 +129,31 @@ def prepare(weights, kind: str | None = None):
             "blas": BlasProducts}[kind](weights, reason)
 
 
+class PacksByRows:
+    """Packed weights by batch size, packed by `pack(rows)` on first use; only the last
+    `MKL_PACKS_KEPT` batch sizes are kept (each is a copy of every weight). Iterates over the
+    batch sizes kept, oldest first."""
+
+    def __init__(self, pack):
+        self.pack = pack
+        self.kept: OrderedDict[int, list] = OrderedDict()
+
+    def __getitem__(self, rows: int) -> list:
+        packs = self.kept.get(rows)
+        if packs is None:
+            packs = self.kept[rows] = self.pack(rows)
+            while len(self.kept) > MKL_PACKS_KEPT:
+                self.kept.popitem(last=False)
+        self.kept.move_to_end(rows)
+        return packs
+
+    def __iter__(self):
+        return iter(self.kept)
+
+    def __bool__(self):
+        return bool(self.kept)
+
+
 class MklProducts:
     """MKL's packed weights, packed for the batch sizes of the last steps. A large product is packed
     in column blocks that every core multiplies at once (`cpu_blas.on_every_core`), each block's
@@ -140,29 +165,21 @@ class MklProducts:
     def __init__(self, weights, reason):
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
         self.reason = reason
-        self.packs: OrderedDict[int, list] = OrderedDict()  # batch size -> per weight [(block, packed)]
+        self.packs = PacksByRows(self._pack)  # batch size -> per weight [(block, packed)]
 
     def threads(self):
         """A context for the step's products: torch (and so MKL) on one thread in this one."""
         return _TorchThreads(1)
 
-    def _packed(self, rows: int) -> list:
-        """Per weight, its column blocks and their packs for `rows` rows (packed on first use)."""
-        packs = self.packs.get(rows)
-        if packs is None:
-            packs = self.packs[rows] = [
-                [(w[_block(w.shape[0], p, n)], None) for p in range(n)]
+    def _pack(self, rows: int) -> list:
+        """Per weight, its column blocks and their packs for `rows` rows."""
+        return [[(block, torch.ops.mkl._mkl_reorder_linear_weight(block, rows))
+                 for block in (w[_block(w.shape[0], p, n)] for p in range(n))]
                 for w, n in ((w, _parts(w, rows)) for w in self.weights)]
-            for blocks in packs:
-                blocks[:] = [(b, torch.ops.mkl._mkl_reorder_linear_weight(b, rows)) for b, _ in blocks]
-            while len(self.packs) > MKL_PACKS_KEPT:
-                self.packs.popitem(last=False)
-        self.packs.move_to_end(rows)
-        return packs
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        blocks, xt = self._packed(rows)[i], torch.from_numpy(np.ascontiguousarray(x))
+        blocks, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
         if len(blocks) == 1:
             (w, packed), = blocks
             return torch.ops.mkl._mkl_linear(xt, packed, w, None, rows).numpy()
@@ -244,27 +261,22 @@ class OneDnnProducts:
         self.few = NumbaProducts(weights, reason)
         self.weights = [torch.from_numpy(w) for w in self.few.weights]  # [out, in], contiguous
         self.reason = reason
-        self.packs: OrderedDict[int, list] = OrderedDict()  # batch size -> packed weight per product
+        self.packs = PacksByRows(self._pack)  # batch size -> packed weight per product
 
     def threads(self):
         """A context for the step's products: torch (oneDNN) on every core, numba's on its own pool."""
         return _TorchThreads(min(CORES, MAX_WORKERS))
 
-    def _packed(self, rows: int) -> list:
-        packs = self.packs.get(rows)
-        if packs is None:
-            packs = self.packs[rows] = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in self.weights]
-            while len(self.packs) > MKL_PACKS_KEPT:
-                self.packs.popitem(last=False)
-        self.packs.move_to_end(rows)
-        return packs
+    def _pack(self, rows: int) -> list:
+        """Per weight, its oneDNN pack for `rows` rows."""
+        return [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in self.weights]
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
         if rows < ONEDNN_MIN_ROWS:
             return self.few(i, x)
         xt = torch.from_numpy(np.ascontiguousarray(x))
-        return torch.ops.mkldnn._linear_pointwise(xt, self._packed(rows)[i], None, "none", [], "").numpy()
+        return torch.ops.mkldnn._linear_pointwise(xt, self.packs[rows][i], None, "none", [], "").numpy()
 
 
 class BlasProducts:
