@@ -34,7 +34,6 @@ reason rather than answered with launch times.
 from __future__ import annotations
 
 import numbers
-import time
 
 import torch
 
@@ -42,7 +41,7 @@ from . import backend, calibrate, roofline, sweeps
 from .clock import CATEGORIES, OFF, Clock
 from .errors import LabError
 from .specs import ModelSpec
-from .timing import sample_until_stable
+from .timing import call_seconds, sample_until_stable
 
 PARTS = (*CATEGORIES, "overhead")  # what a step's time is split into, in the charts' order
 NAMES = {"products": "matrix products", "attention": "attention", "other": "everything else", "overhead": "overhead"}
@@ -125,24 +124,18 @@ def _time_parts(built, step, after, budget_s: float) -> dict:
     "timed" (the same step with the clock hooked in) and each category's parts within it;
     `after()` runs untimed after every step."""
     def sample() -> dict[str, float]:
-        whole_s = _seconds(step)
+        whole_s = call_seconds(step)
         after()
         clock = Clock()
         built.clock = clock
         try:
-            timed_s = _seconds(step)
+            timed_s = call_seconds(step)
         finally:
             built.clock = OFF
         after()
         return {"whole": whole_s, "timed": timed_s, **clock.seconds}
 
     return sample_until_stable(sample, budget_s, sweeps.CPU_MAX_BUDGET_S, max_samples=sweeps.CPU_MAX_SAMPLES)
-
-
-def _seconds(fn) -> float:
-    start_s = time.perf_counter()
-    fn()
-    return time.perf_counter() - start_s
 
 
 # ------------------------------------------------------------------ the record

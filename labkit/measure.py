@@ -36,7 +36,7 @@ from . import backend, roofline
 from .errors import LabError
 from .specs import HardwareSpec
 from .timing import (CONFIRM_TOLERANCE, MIN_SAMPLES, NOISY_SPREAD, Timing,  # noqa: F401 — re-exported
-                     _cpu_call_s, sample_until_stable, time_until_stable)
+                     call_seconds, sample_until_stable, time_until_stable)
 from .units import format_rate, format_seconds  # noqa: F401 — re-exported: callers import them from here
 
 # On CUDA a call shorter than this is timed as the mean of back-to-back calls between one pair of
@@ -79,7 +79,7 @@ def time_fn(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5,
             samples_s.append(gpu_s / calls)
             host_s.append(issue_s / calls)
         else:
-            samples_s.append(_cpu_call_s(fn))
+            samples_s.append(call_seconds(fn))
         spent_s = time.perf_counter() - start_s
         if budget_s is not None and spent_s >= budget_s and len(samples_s) >= MIN_SAMPLES:
             break

@@ -122,7 +122,7 @@ class Timing:
 def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: float,
                       min_samples: int = 3, max_samples: int = 50) -> Timing:
     """CPU timing that survives a busy machine: `sample_until_stable` of one call's seconds."""
-    return sample_until_stable(lambda: {"call": _cpu_call_s(fn)}, budget_s, max_budget_s,
+    return sample_until_stable(lambda: {"call": call_seconds(fn)}, budget_s, max_budget_s,
                                min_samples, max_samples)["call"]
 
 
@@ -160,7 +160,8 @@ def sample_until_stable(sample: Callable[[], dict[str, float]], budget_s: float,
     return timings
 
 
-def _cpu_call_s(fn) -> float:
+def call_seconds(fn) -> float:
+    """Seconds one call of fn() took, by the wall clock (perf_counter)."""
     start_s = time.perf_counter()
     fn()
     return time.perf_counter() - start_s
