@@ -521,8 +521,11 @@ def breakdown_figure(title: str = "") -> LiveFigure:
                 texttemplate="%{x:,.3~r}", textposition="inside")
     fig.update_xaxes(title="time of one step (ms)", rangemode="tozero")
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=list(BREAKDOWN_ROWS))
-    fig.update_layout(title=title, height=330, barmode="stack", legend=dict(orientation="h", y=-0.3),
-                      margin=dict(l=170))
+    # legend in the bars' own order (plotly reverses it for stacked bars); a part too thin for its
+    # number shows none rather than a number turned on its side
+    fig.update_layout(title=title, height=330, barmode="stack",
+                      legend=dict(orientation="h", y=-0.3, traceorder="normal"),
+                      uniformtext=dict(minsize=9, mode="hide"), margin=dict(l=170))
     return fig
 
 
