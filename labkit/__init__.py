@@ -8,6 +8,13 @@ import shutil
 # (the CPU path's decode matmuls) for the same cores: decode steps ran 1.5x slower here. It must be
 # set before torch loads OpenMP, so it is set on import of labkit, which the lessons import first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# ...but not asleep at once: a decode step hands ~20 small products and attentions to numba's
+# OpenMP threads (libgomp, a second copy beside torch's), and waking a sleeping thread took ~50 us
+# in the lab's 2-core VMs, more than a layer's product. GOMP_SPINCOUNT overrides the policy's spin
+# count in both copies: 10,000 spins (~0.1 ms) kept a step's hand-offs warm. Measured on a 2-core
+# EPYC VM, `measure decode --batch 1`: 4.0-4.2 ms asleep at once, 2.3-2.4 ms at 10,000 spins;
+# prefill (P = 1,024) unchanged at 76-84 ms; 100,000 spins and more slowed prefill to 96-116 ms.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 # The other way round: after each product numpy's OpenBLAS threads spin for up to 2^28 cycles
 # (~0.1 s) waiting for more, and keep the cores from torch's threads (prefill's SDPA and norms run
 # next); waiting 2^4 cycles gives the cores back at once. Read when numpy loads.

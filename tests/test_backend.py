@@ -151,21 +151,22 @@ def test_on_a_real_gpu_the_choice_and_memory_are_consistent():
 
 
 def test_importing_labkit_sets_the_thread_waits_before_torch_or_numpy_load():
-    """OMP_WAIT_POLICY and OPENBLAS_THREAD_TIMEOUT are read once, when torch's OpenMP and numpy's
-    OpenBLAS load: `import labkit` must set them (unless the user did) and load neither library."""
+    """OMP_WAIT_POLICY, GOMP_SPINCOUNT and OPENBLAS_THREAD_TIMEOUT are read once, when torch's
+    OpenMP (and numba's) and numpy's OpenBLAS load: `import labkit` must set them (unless the user
+    did) and load neither library."""
     import os
     import subprocess
     import sys
 
     code = ("import os, sys; import labkit; "
-            "print(os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_THREAD_TIMEOUT'], "
+            "print(os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_THREAD_TIMEOUT'], os.environ['GOMP_SPINCOUNT'], "
             "'numpy' in sys.modules, 'torch' in sys.modules)")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert out.stdout.split() == ["PASSIVE", "4", "False", "False"], out.stdout
+    assert out.stdout.split() == ["PASSIVE", "4", "10000", "False", "False"], out.stdout
     mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={**env, "OPENBLAS_THREAD_TIMEOUT": "10"})
-    assert mine.stdout.split()[1] == "10"  # a user's own setting wins
+                          env={**env, "OPENBLAS_THREAD_TIMEOUT": "10", "GOMP_SPINCOUNT": "0"})
+    assert mine.stdout.split()[1:3] == ["10", "0"]  # a user's own setting wins
 
 
 def test_dtype_names_are_turned_into_torch_dtypes_in_one_place():
