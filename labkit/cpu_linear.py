@@ -16,7 +16,9 @@ ways to do that are tried in this order, the first that applies is used:
            the head turns compute-bound and oneDNN's tiles reach 163 GFLOP/s at B = 16 against the
            numba tile's 91 (2-core EPYC; 2.48 ms against 4.4 ms for the 49,152 x 256 head);
   "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.linear_columns` over a contiguous
-           [out, in] copy of each weight, the loop chosen by the number of rows;
+           [out, in] copy of each weight, the loop chosen by the number of rows, and a weight that
+           streams from memory (the LM head) for 4-11 rows by `cpu_kernels.tile_2x4_linear`,
+           which prefetches the rows ahead;
   "blas"   without numba: numpy's OpenBLAS on the model's own weights (`cpu_blas.blas_matmul`),
            the step as it was before the other two.
 
@@ -51,6 +53,14 @@ MKL_PACKS_KEPT = 1
 # numba's products share out every weight of at least this size (a decode step's smallest, 256 x 256
 # fp32, is 256 KiB): read from memory, one core streams it at well under half of what two do.
 NUMBA_SHARED_MIN_BYTES = 128 << 10
+# A weight of at least this size streams from memory at every step (lab-cpu's 48 MiB LM head; its
+# layers' weights are 0.25-1.5 MiB): for STREAMED_ROWS rows numba's 2 x 4 tile, which prefetches the
+# rows ahead, shares it out on the Python pool (a ~50 us hand-off, once a step, against ~1-3 ms of
+# reading). Head alone, both cores of a Zen 3, p10 of 60: B = 4, 8, 11: 2.75, 3.66, 4.17 ms against
+# 2.81, 4.13, 5.29 for `linear_on_cores`; at B = 1-2 the plain loop was faster (1.57, 1.98 ms
+# against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
+STREAMED_MIN_BYTES = 8 << 20
+STREAMED_ROWS = range(4, 12)
 
 
 def cpu_vendor() -> str:
@@ -240,7 +250,12 @@ class NumbaProducts:
         saves), any other on every core through numba's own pool (`cpu_kernels.linear_on_cores`)."""
         w, x = self.weights[i], np.ascontiguousarray(x)
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
-        if w.nbytes < NUMBA_SHARED_MIN_BYTES or CORES < 2:
+        if w.nbytes >= STREAMED_MIN_BYTES and x.shape[0] in STREAMED_ROWS and CORES > 1:
+            parts = min(CORES, MAX_WORKERS)
+            shares = [_block(w.shape[0] // 4, p, parts) for p in range(parts)]  # in groups of 4 rows
+            on_every_core(lambda p: cpu_kernels.tile_2x4_linear(
+                x, w, out, 4 * shares[p].start, w.shape[0] if p == parts - 1 else 4 * shares[p].stop), parts)
+        elif w.nbytes < NUMBA_SHARED_MIN_BYTES or CORES < 2:
             cpu_kernels.linear_columns(x, w, out, 0, w.shape[0])
         else:
             cpu_kernels.linear_on_cores(x, w, out, min(CORES, MAX_WORKERS))

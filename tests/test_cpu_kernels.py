@@ -38,6 +38,21 @@ def test_few_rows_linear_equals_its_reference(rows, out_features):
     assert_close(out, ref, f"{rows} x 96 @ 96 x {out_features}")
 
 
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 16])
+@pytest.mark.parametrize("out_features", [3, 4, 10, 257])
+def test_tile_2x4_linear_equals_its_reference(rows, out_features):
+    """2 x 4 tiles, an odd last row, the columns past the last 4, and two shares of the columns
+    (its prefetch of the rows ahead stops at its share's end)."""
+    x = rng(4).standard_normal((rows, 96), dtype=np.float32)
+    w = rng(5).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
+    ref = cpu_kernels.few_rows_linear_reference(x, w)
+    out = np.full((rows, out_features), np.nan, np.float32)
+    middle = out_features // 8 * 4
+    cpu_kernels.tile_2x4_linear(x, w, out, 0, middle)
+    cpu_kernels.tile_2x4_linear(x, w, out, middle, out_features)
+    assert_close(out, ref, f"tile_2x4_linear, {rows} x 96 @ 96 x {out_features}")
+
+
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 13, 16])
 @pytest.mark.parametrize("out_features", [4, 10, 257])
 def test_linear_columns_and_on_cores_equal_the_reference(rows, out_features):
@@ -155,6 +170,22 @@ def test_each_kind_of_products_equals_the_reference(kind, rows, monkeypatch):
         x = rng(rows).standard_normal((rows, w.shape[1]), dtype=np.float32)
         ref = cpu_kernels.few_rows_linear_reference(x, w.numpy())
         assert_close(products(i, x), ref, f"{kind}, weight {i}, {rows} rows")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 11, 12])
+def test_numba_streams_a_large_weight_for_a_few_rows(rows, monkeypatch):
+    """A weight of STREAMED_MIN_BYTES and more, for STREAMED_ROWS rows, goes to the prefetching
+    2 x 4 tile shared out on the Python pool (its 1,025 rows end in a partial group); other row
+    counts to `linear_on_cores`. Both against the reference."""
+    calls = []
+    monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", 1025 * 96 * 4)
+    monkeypatch.setattr(cpu_linear, "CORES", 2)
+    monkeypatch.setattr(cpu_linear, "on_every_core", lambda run, parts: calls.append(parts) or [run(p) for p in range(parts)])
+    w = torch.randn(1025, 96, generator=torch.Generator().manual_seed(8))
+    products = cpu_linear.prepare([w], "numba")
+    x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
+    assert_close(products(0, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"{rows} rows, 1,025 x 96")
+    assert calls == ([2] if rows in cpu_linear.STREAMED_ROWS else [])
 
 
 @pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
