@@ -294,6 +294,9 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
     lab.trusted = False  # until this test has closed its notebook cleanly
     lab.console.clear()
     try:
+        # The notebook before shuts its kernel down in the background: a lesson that measures
+        # (02's growth, 07's order) would otherwise share the two cores with it.
+        wait_for_no_sessions(server)
         open_and_run(page, server, notebook)
         assert page_errors(page) == [], f"{notebook.name}: errors on the page after running"
         printed = page.evaluate(PRINTED_JS)

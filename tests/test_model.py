@@ -224,7 +224,7 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
                 model.prefill_slot(slot, tokens_for(31 + slot, 4 + 7 * slot))
     for i in range(3):
         step = tokens_for(40 + i, batch)
-        assert_close(fast.decode_step(step), plain.decode_step(step), STEP_TOL[cache_dtype], f"step {i}")
+        assert_step_close(fast.decode_step(step), plain.decode_step(step), fast.cache, plain.cache, cache_dtype, f"step {i}")
     assert fast.cache.host_lengths == plain.cache.host_lengths
     attends_here = fast.decode_path.attention == "numba" or (cache_dtype == "fp32" and lengths.startswith("equal"))
     assert shared_out == ([2] * 3 * TINY.n_layers if attends_here and "split" in lengths else []), shared_out
@@ -234,6 +234,21 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
 
 # One code of each cache dtype: a value ~1e-6 from a rounding boundary may land on either side.
 ONE_CODE = {"fp8": dict(atol=2**-9, rtol=2**-3), "int8": dict(atol=1, rtol=0)}
+
+
+def assert_step_close(out, ref, fast_cache, plain_cache, cache_dtype, what):
+    """out, ref: [B, vocab] logits of one step. Every row to STEP_TOL, but a row whose int8/fp8
+    cache took a one-code flip (a K/V value ~1e-6 from a rounding boundary: 1 code of ~13,000 at
+    batch 13, int8) differs from then on by that code's weight in attention, up to ~7e-4: such a
+    row to the cache's own rounding, TOL. Rows never mix in decode, so the others stay tight."""
+    flipped = torch.zeros(out.shape[0], dtype=torch.bool)
+    if cache_dtype in ONE_CODE:
+        for a, b in ((fast_cache.k, plain_cache.k), (fast_cache.v, plain_cache.v)):  # [L, B, Hkv, S, d]
+            flipped |= (a.float() != b.float()).any(-1).any(-1).any(-1).any(0)
+    assert flipped.float().mean().item() <= 0.25, f"{what}: {flipped.sum().item()} of {out.shape[0]} rows flipped a code"
+    assert_close(out[~flipped], ref[~flipped], STEP_TOL[cache_dtype], what)
+    if flipped.any():
+        assert_close(out[flipped], ref[flipped], TOL[cache_dtype], f"{what}, rows with a flipped code")
 
 
 def assert_same_codes(a, b, cache_dtype):
