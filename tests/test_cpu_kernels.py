@@ -76,14 +76,14 @@ def test_linear_columns_and_on_cores_equal_the_reference(rows, out_features):
 @numba.njit
 def _widen_all(codes, out):
     for i in range(codes.shape[0]):
-        out[i] = cpu_kernels.widen(codes[i])
+        out[i] = cpu_kernels.widen(codes[i]) * cpu_kernels.widen_unit(codes)
 
 
 @pytest.mark.parametrize("storage", [np.uint8, np.uint16, np.int16, np.int8])
 def test_widen_is_exact_for_every_code(storage):
     """fp8 (uint8 bits), bf16 (uint16 bits), fp16 (int16 bits), int8: every one of the 256 or
-    65,536 codes widens to torch's own cast, bit for bit (NaN codes aside: the quantisers
-    never write one)."""
+    65,536 codes widens, in its unit (fp8: 2^8), to torch's own cast, bit for bit (NaN codes
+    aside: the quantisers never write one)."""
     info = np.iinfo(storage)
     codes = np.arange(info.min, info.max + 1).astype(storage)
     out = np.empty(codes.shape, np.float32)
