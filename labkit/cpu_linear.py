@@ -24,7 +24,8 @@ ways to do that are tried in this order, the first that applies is used:
 
 `prepare(weights, kind=None)` picks; `kind` forces one (tests run each against the others; set
 LABKIT_CPU_LINEAR=mkl|onednn|numba|blas to compare them on a machine). The result's `name` and
-`reason` say what runs and why.
+`reason` say what runs and why. A packing kind is passed over where its copy of the weights would
+not fit in free memory (`packing_fits`, asked before anything is packed).
 
 Shapes: x [B, in] fp32 numpy; each weight a torch [out, in] fp32 tensor (any strides).
 """
@@ -38,9 +39,9 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from . import cpu_kernels
+from . import backend, cpu_kernels
 from .cpu_blas import CORES, MAX_WORKERS, SINGLE_THREAD_WEIGHT_BYTES, blas_matmul, on_every_core
-from .errors import LabError
+from .errors import FootprintError, LabError
 
 KINDS = ("mkl", "onednn", "numba", "blas")
 # From this many rows the "onednn" kind multiplies with oneDNN's packed weights, below with numba's
@@ -50,6 +51,10 @@ SPLIT_FLOPS = 1 << 24  # a product of more FLOPs than this (and any weight over 
 # Batch sizes whose packed weights stay: each is a copy of every weight, and more (lab-cpu's 63 MB
 # of products took 126 MiB more resident memory at B = 16); a new batch size repacks (~50 ms).
 MKL_PACKS_KEPT = 1
+# A pack's resident bytes per byte of the weights it copies: MKL's took 126 MiB for lab-cpu's 63 MB
+# (B = 16, Xeon); oneDNN's 67, 64 and 53 MB at B = 8, 16, 32 (2-core EPYC, RSS before and after).
+PACK_BYTES_PER_WEIGHT_BYTE = {"mkl": 2.0, "onednn": 1.1}
+PACKER = {"mkl": "MKL", "onednn": "oneDNN"}
 # numba's products share out every weight of at least this size (a decode step's smallest, 256 x 256
 # fp32, is 256 KiB): read from memory, one core streams it at well under half of what two do.
 NUMBA_SHARED_MIN_BYTES = 128 << 10
@@ -106,8 +111,25 @@ def onednn_packing_available() -> tuple[bool, str]:
     return True, "torch's oneDNN"
 
 
-def choose_kind(kind: str | None = None) -> tuple[str, str]:
-    """(kind, reason): `kind` or LABKIT_CPU_LINEAR when given, else the first that applies."""
+def pack_bytes(kind: str, weight_bytes: int) -> int:
+    """Resident bytes of one batch size's packs of `weight_bytes` of weights (0: `kind` packs none)."""
+    return int(PACK_BYTES_PER_WEIGHT_BYTE.get(kind, 0) * weight_bytes)
+
+
+def packing_fits(kind: str, weight_bytes: int) -> tuple[bool, str]:
+    """(fits, why not): whether `kind`'s packed copy of the weights fits in free memory
+    (`backend.check_fits`), predicted before any is made: a pack too big for the machine would
+    end the learner's kernel mid-step, where the unpacked products only run slower."""
+    try:
+        backend.check_fits(pack_bytes(kind, weight_bytes), "cpu", f"{PACKER[kind]}'s packed copy of the weights")
+    except FootprintError as err:
+        return False, str(err).split("; ")[0]
+    return True, ""
+
+
+def choose_kind(kind: str | None = None, weight_bytes: int = 0) -> tuple[str, str]:
+    """(kind, reason): `kind` or LABKIT_CPU_LINEAR when given, else the first that applies; a
+    packing kind only where its copy of `weight_bytes` fits in memory (`packing_fits`)."""
     kind = kind or os.environ.get("LABKIT_CPU_LINEAR") or None
     if kind is not None:
         if kind not in KINDS:
@@ -121,8 +143,15 @@ def choose_kind(kind: str | None = None) -> tuple[str, str]:
         return kind, f"{kind} products asked for"
     mkl_ok, mkl_why = mkl_packing_available()
     if mkl_ok:
-        return "mkl", f"MKL's packed weights ({mkl_why})"
+        mkl_ok, too_big = packing_fits("mkl", weight_bytes)
+        if mkl_ok:
+            return "mkl", f"MKL's packed weights ({mkl_why})"
+        mkl_why = too_big
     onednn_ok, _ = onednn_packing_available()
+    if cpu_kernels.AVAILABLE and onednn_ok:
+        onednn_ok, too_big = packing_fits("onednn", weight_bytes)
+        if not onednn_ok:
+            return "numba", f"numba's few-row kernel (no packing: {too_big})"
     if cpu_kernels.AVAILABLE and onednn_ok:
         return "onednn", (f"numba's kernels below {ONEDNN_MIN_ROWS} rows, oneDNN's packed weights from there "
                           f"(no MKL packing: {mkl_why})")
@@ -134,7 +163,7 @@ def choose_kind(kind: str | None = None) -> tuple[str, str]:
 def prepare(weights, kind: str | None = None):
     """The products for `weights` (torch [out, in] tensors), prepared once: a `Products` whose
     `products(i, x)` is x @ weights[i].T."""
-    kind, reason = choose_kind(kind)
+    kind, reason = choose_kind(kind, sum(w.numel() * w.element_size() for w in weights))
     return {"mkl": MklProducts, "onednn": OneDnnProducts, "numba": NumbaProducts,
             "blas": BlasProducts}[kind](weights, reason)
 
@@ -151,9 +180,9 @@ class PacksByRows:
     def __getitem__(self, rows: int) -> list:
         packs = self.kept.get(rows)
         if packs is None:
-            packs = self.kept[rows] = self.pack(rows)
-            while len(self.kept) > MKL_PACKS_KEPT:
+            while len(self.kept) >= MKL_PACKS_KEPT:  # dropped first: never one copy more than kept
                 self.kept.popitem(last=False)
+            packs = self.kept[rows] = self.pack(rows)
         self.kept.move_to_end(rows)
         return packs
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.tolerances import float_tolerance
-from labkit import cpu_kernels, cpu_linear
+from labkit import backend, cpu_kernels, cpu_linear
 from labkit.errors import LabError
 
 numba = pytest.importorskip("numba", reason="the CPU kernels need numba (a pin of requirements.txt)")
@@ -228,3 +228,38 @@ def test_the_choice_of_products(monkeypatch):
     monkeypatch.delenv("LABKIT_CPU_LINEAR")
     monkeypatch.setattr(cpu_kernels, "AVAILABLE", False)
     assert cpu_linear.choose_kind()[0] == "blas"
+
+
+def test_a_pack_too_big_for_memory_is_never_made(monkeypatch):
+    """Packing copies every weight: where that copy does not fit in free memory, the choice is
+    numba's unpacked kernels and says why (a 5 GB fp32 model on an 8 GB laptop would otherwise
+    end the kernel at its first step of 8 rows); a forced packing kind is not second-guessed."""
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(cpu_linear, "onednn_packing_available", lambda: (True, "torch's oneDNN"))
+    monkeypatch.setattr(cpu_kernels, "AVAILABLE", True)
+    gib = 2**30
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 8 * gib)
+    assert cpu_linear.choose_kind(weight_bytes=5 * gib)[0] == "onednn"
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 3 * gib)
+    kind, why = cpu_linear.choose_kind(weight_bytes=5 * gib)
+    assert kind == "numba" and why == ("numba's few-row kernel (no packing: oneDNN's packed copy of the "
+                                       "weights needs 5.5 GiB but cpu has 3.0 GiB free (keeping 10% headroom))")
+    assert cpu_linear.pack_bytes("onednn", 5 * gib) > 5 * gib and cpu_linear.pack_bytes("numba", 5 * gib) == 0
+    monkeypatch.setattr(cpu_linear, "mkl_packing_available", lambda: (True, "torch's MKL"))
+    kind, why = cpu_linear.choose_kind(weight_bytes=2 * gib)  # MKL's copy (4 GiB) too big, oneDNN's fits
+    assert kind == "onednn" and "MKL's packed copy of the weights needs 4.0 GiB" in why
+    assert cpu_linear.choose_kind("onednn", weight_bytes=5 * gib)[0] == "onednn"
+
+
+def test_packs_of_a_new_batch_size_replace_the_old_before_they_are_made():
+    """At most MKL_PACKS_KEPT sets of packs at any moment, the new one's making included."""
+    alive = []
+
+    def pack(rows):
+        alive.append(rows)
+        assert len(packs.kept) < cpu_linear.MKL_PACKS_KEPT, f"packing {rows} rows beside {list(packs.kept)}"
+        return [rows]
+    packs = cpu_linear.PacksByRows(pack)
+    for rows in (8, 16, 16, 8):
+        assert packs[rows] == [rows]
+    assert alive == [8, 16, 8] and list(packs) == [16, 8][-cpu_linear.MKL_PACKS_KEPT:]
