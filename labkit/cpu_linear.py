@@ -47,6 +47,11 @@ KINDS = ("mkl", "onednn", "numba", "blas")
 # From this many rows the "onednn" kind multiplies with oneDNN's packed weights, below with numba's
 # kernels: at B = 4 both took 1.4 ms for the head, at B = 1 numba 0.75 ms and oneDNN 2.2 ms.
 ONEDNN_MIN_ROWS = 8
+# ... and only for a weight of at least this size (lab-cpu's 48 MiB LM head; its layers' weights are
+# 0.25-1.5 MiB): for those, oneDNN's call costs more than its tiles save. Layer products summed, both
+# cores of a Zen 3, two runs each: B = 8 numba 1.47-1.50 ms, oneDNN 2.65-2.85; B = 16 2.56-2.67 and
+# 3.60-3.77 (the head: oneDNN 4.3-4.6 and 6.1-6.8 ms, numba 4.3-4.4 and 8.4-8.7).
+ONEDNN_MIN_WEIGHT_BYTES = 4 << 20
 SPLIT_FLOPS = 1 << 24  # a product of more FLOPs than this (and any weight over 4 MiB) is shared out
 # Batch sizes whose packed weights stay: each is a copy of every weight, and more (lab-cpu's 63 MB
 # of products took 126 MiB more resident memory at B = 16); a new batch size repacks (~50 ms).
@@ -111,25 +116,31 @@ def onednn_packing_available() -> tuple[bool, str]:
     return True, "torch's oneDNN"
 
 
-def pack_bytes(kind: str, weight_bytes: int) -> int:
-    """Resident bytes of one batch size's packs of `weight_bytes` of weights (0: `kind` packs none)."""
-    return int(PACK_BYTES_PER_WEIGHT_BYTE.get(kind, 0) * weight_bytes)
+def packed(kind: str, weight_bytes: int) -> bool:
+    """Whether `kind` packs a weight of `weight_bytes` (MKL every one, oneDNN the large ones)."""
+    return kind == "mkl" or (kind == "onednn" and weight_bytes >= ONEDNN_MIN_WEIGHT_BYTES)
 
 
-def packing_fits(kind: str, weight_bytes: int) -> tuple[bool, str]:
+def pack_bytes(kind: str, weight_sizes) -> int:
+    """Resident bytes of one batch size's packs of weights of `weight_sizes` bytes (0: `kind` packs none)."""
+    return int(PACK_BYTES_PER_WEIGHT_BYTE.get(kind, 0) * sum(n for n in weight_sizes if packed(kind, n)))
+
+
+def packing_fits(kind: str, weight_sizes) -> tuple[bool, str]:
     """(fits, why not): whether `kind`'s packed copy of the weights fits in free memory
     (`backend.check_fits`), predicted before any is made: a pack too big for the machine would
     end the learner's kernel mid-step, where the unpacked products only run slower."""
     try:
-        backend.check_fits(pack_bytes(kind, weight_bytes), "cpu", f"{PACKER[kind]}'s packed copy of the weights")
+        backend.check_fits(pack_bytes(kind, weight_sizes), "cpu", f"{PACKER[kind]}'s packed copy of the weights")
     except FootprintError as err:
         return False, str(err).split("; ")[0]
     return True, ""
 
 
-def choose_kind(kind: str | None = None, weight_bytes: int = 0) -> tuple[str, str]:
+def choose_kind(kind: str | None = None, weight_sizes=()) -> tuple[str, str]:
     """(kind, reason): `kind` or LABKIT_CPU_LINEAR when given, else the first that applies; a
-    packing kind only where its copy of `weight_bytes` fits in memory (`packing_fits`)."""
+    packing kind only where its copy of weights of `weight_sizes` bytes fits in memory
+    (`packing_fits`)."""
     kind = kind or os.environ.get("LABKIT_CPU_LINEAR") or None
     if kind is not None:
         if kind not in KINDS:
@@ -143,17 +154,18 @@ def choose_kind(kind: str | None = None, weight_bytes: int = 0) -> tuple[str, st
         return kind, f"{kind} products asked for"
     mkl_ok, mkl_why = mkl_packing_available()
     if mkl_ok:
-        mkl_ok, too_big = packing_fits("mkl", weight_bytes)
+        mkl_ok, too_big = packing_fits("mkl", weight_sizes)
         if mkl_ok:
             return "mkl", f"MKL's packed weights ({mkl_why})"
         mkl_why = too_big
     onednn_ok, _ = onednn_packing_available()
     if cpu_kernels.AVAILABLE and onednn_ok:
-        onednn_ok, too_big = packing_fits("onednn", weight_bytes)
+        onednn_ok, too_big = packing_fits("onednn", weight_sizes)
         if not onednn_ok:
             return "numba", f"numba's few-row kernel (no packing: {too_big})"
     if cpu_kernels.AVAILABLE and onednn_ok:
-        return "onednn", (f"numba's kernels below {ONEDNN_MIN_ROWS} rows, oneDNN's packed weights from there "
+        return "onednn", (f"numba's kernels below {ONEDNN_MIN_ROWS} rows and for weights under "
+                          f"{ONEDNN_MIN_WEIGHT_BYTES >> 20} MiB, oneDNN's packed weights for the others "
                           f"(no MKL packing: {mkl_why})")
     if cpu_kernels.AVAILABLE:
         return "numba", f"numba's few-row kernel (no MKL packing: {mkl_why})"
@@ -163,7 +175,7 @@ def choose_kind(kind: str | None = None, weight_bytes: int = 0) -> tuple[str, st
 def prepare(weights, kind: str | None = None):
     """The products for `weights` (torch [out, in] tensors), prepared once: a `Products` whose
     `products(i, x)` is x @ weights[i].T."""
-    kind, reason = choose_kind(kind, sum(w.numel() * w.element_size() for w in weights))
+    kind, reason = choose_kind(kind, [w.numel() * w.element_size() for w in weights])
     return {"mkl": MklProducts, "onednn": OneDnnProducts, "numba": NumbaProducts,
             "blas": BlasProducts}[kind](weights, reason)
 
@@ -292,9 +304,9 @@ class NumbaProducts:
 
 
 class OneDnnProducts:
-    """numba's kernels for a few rows, oneDNN's packed weights (one copy per weight, packed for
-    the batch sizes of the last steps as `MklProducts`) for `ONEDNN_MIN_ROWS` rows and more, on
-    torch's threads. Measured on the 2-core EPYC at S = 1,024, fastest of 40 steps: B = 16 in
+    """numba's kernels for a few rows and for small weights, oneDNN's packed weights (one copy per
+    weight of `ONEDNN_MIN_WEIGHT_BYTES` or more, packed for the batch sizes of the last steps as
+    `MklProducts`) for `ONEDNN_MIN_ROWS` rows and more, on torch's threads. Measured on the 2-core EPYC at S = 1,024, fastest of 40 steps: B = 16 in
     7.3 ms (numba's products alone: 9.0 ms), and with one other busy process 11.0 ms (numba's:
     15.3 ms). Splitting the head into per-thread blocks as `MklProducts` does was slower idle
     (9.6 ms) and no better busy."""
@@ -305,19 +317,21 @@ class OneDnnProducts:
         self.few = NumbaProducts(weights, reason)
         self.weights = [torch.from_numpy(w) for w in self.few.weights]  # [out, in], contiguous
         self.reason = reason
-        self.packs = PacksByRows(self._pack)  # batch size -> packed weight per product
+        self.packed = [packed(self.name, w.nbytes) for w in self.few.weights]  # per product: by oneDNN?
+        self.packs = PacksByRows(self._pack)  # batch size -> packed weight per product (None: numba's)
 
     def threads(self):
         """A context for the step's products: torch (oneDNN) on every core, numba's on its own pool."""
         return _TorchThreads(min(CORES, MAX_WORKERS))
 
     def _pack(self, rows: int) -> list:
-        """Per weight, its oneDNN pack for `rows` rows."""
-        return [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in self.weights]
+        """Per weight, its oneDNN pack for `rows` rows, or None where numba's kernel multiplies it."""
+        return [torch.ops.mkldnn._reorder_linear_weight(w, rows) if big else None
+                for w, big in zip(self.weights, self.packed)]
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if rows < ONEDNN_MIN_ROWS:
+        if rows < ONEDNN_MIN_ROWS or not self.packed[i]:
             return self.few(i, x)
         xt = torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkldnn._linear_pointwise(xt, self.packs[rows][i], None, "none", [], "").numpy()

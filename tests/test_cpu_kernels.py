@@ -164,6 +164,7 @@ KINDS = ["numba", "blas", pytest.param("mkl", marks=pytest.mark.skipif(
 def test_each_kind_of_products_equals_the_reference(kind, rows, monkeypatch):
     monkeypatch.setattr(cpu_linear, "SINGLE_THREAD_WEIGHT_BYTES", 0)  # MKL's blocks shared out to every core
     monkeypatch.setattr(cpu_linear, "NUMBA_SHARED_MIN_BYTES", 0)  # and numba's products
+    monkeypatch.setattr(cpu_linear, "ONEDNN_MIN_WEIGHT_BYTES", 0)  # these small weights packed by oneDNN
     products = cpu_linear.prepare(WEIGHTS, kind)
     assert products.name == kind and kind in products.reason
     for i, w in enumerate(WEIGHTS):
@@ -197,13 +198,20 @@ def test_mkl_keeps_the_packs_of_the_last_batch_sizes():
 
 
 @pytest.mark.skipif(not cpu_linear.onednn_packing_available()[0], reason="no oneDNN packing here")
-def test_onednn_packs_only_from_its_row_count_and_keeps_the_last():
+def test_onednn_packs_only_from_its_row_count_and_keeps_the_last(monkeypatch):
+    """oneDNN packs a weight of ONEDNN_MIN_WEIGHT_BYTES or more for ONEDNN_MIN_ROWS rows or more;
+    numba multiplies the rest, and its product equals oneDNN's."""
+    monkeypatch.setattr(cpu_linear, "ONEDNN_MIN_WEIGHT_BYTES", WEIGHTS[0].numel() * 4)  # the first only
     products = cpu_linear.prepare(WEIGHTS, "onednn")
     products(0, np.ones((cpu_linear.ONEDNN_MIN_ROWS - 1, 96), np.float32))  # numba's: nothing packed
     assert not products.packs
     for rows in (8, 16, 8):
         products(0, np.ones((rows, 96), np.float32))
     assert list(products.packs) == [16, 8][-cpu_linear.MKL_PACKS_KEPT:]
+    big, small = products.packs[8]
+    assert big is not None and small is None
+    x = rng(8).standard_normal((8, 40), dtype=np.float32)
+    assert_close(products(1, x), cpu_kernels.few_rows_linear_reference(x, WEIGHTS[1].numpy()), "small weight, 8 rows")
 
 
 def test_the_choice_of_products(monkeypatch):
@@ -239,16 +247,18 @@ def test_a_pack_too_big_for_memory_is_never_made(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "AVAILABLE", True)
     gib = 2**30
     monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 8 * gib)
-    assert cpu_linear.choose_kind(weight_bytes=5 * gib)[0] == "onednn"
+    assert cpu_linear.choose_kind(weight_sizes=[5 * gib])[0] == "onednn"
     monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 3 * gib)
-    kind, why = cpu_linear.choose_kind(weight_bytes=5 * gib)
+    kind, why = cpu_linear.choose_kind(weight_sizes=[5 * gib])
     assert kind == "numba" and why == ("numba's few-row kernel (no packing: oneDNN's packed copy of the "
                                        "weights needs 5.5 GiB but cpu has 3.0 GiB free (keeping 10% headroom))")
-    assert cpu_linear.pack_bytes("onednn", 5 * gib) > 5 * gib and cpu_linear.pack_bytes("numba", 5 * gib) == 0
+    assert cpu_linear.pack_bytes("onednn", [5 * gib]) > 5 * gib and cpu_linear.pack_bytes("numba", [5 * gib]) == 0
+    small = cpu_linear.ONEDNN_MIN_WEIGHT_BYTES - 1  # a layer's weight: numba's, never packed by oneDNN
+    assert cpu_linear.pack_bytes("onednn", [small] * 100) == 0 < cpu_linear.pack_bytes("mkl", [small])
     monkeypatch.setattr(cpu_linear, "mkl_packing_available", lambda: (True, "torch's MKL"))
-    kind, why = cpu_linear.choose_kind(weight_bytes=2 * gib)  # MKL's copy (4 GiB) too big, oneDNN's fits
+    kind, why = cpu_linear.choose_kind(weight_sizes=[2 * gib])  # MKL's copy (4 GiB) too big, oneDNN's fits
     assert kind == "onednn" and "MKL's packed copy of the weights needs 4.0 GiB" in why
-    assert cpu_linear.choose_kind("onednn", weight_bytes=5 * gib)[0] == "onednn"
+    assert cpu_linear.choose_kind("onednn", weight_sizes=[5 * gib])[0] == "onednn"
 
 
 def test_packs_of_a_new_batch_size_replace_the_old_before_they_are_made():

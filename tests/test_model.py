@@ -202,6 +202,7 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
         monkeypatch.setattr(cpu_decode, "ATTENTION_SPLIT_MIN_BYTES", 0)  # this small cache split too
         monkeypatch.setattr(cpu_decode, "NUMPY_ATTENTION_SPLIT_MIN_BYTES", 0)
         monkeypatch.setattr(cpu_decode, "CORES", 2)
+    monkeypatch.setattr(cpu_linear, "ONEDNN_MIN_WEIGHT_BYTES", 0)  # lab-tiny's small weights packed too
     shared_out = []  # the parts each split attention handed to the cores (numpy's: a Python pool; numba's: its own)
     real_on_every_core = cpu_decode.on_every_core
     monkeypatch.setattr(cpu_decode, "on_every_core",
