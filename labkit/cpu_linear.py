@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from . import backend, cpu_kernels
-from .cpu_blas import CORES, MAX_WORKERS, SINGLE_THREAD_WEIGHT_BYTES, blas_matmul, on_every_core
+from .cpu_blas import CORES, MAX_WORKERS, blas_matmul, on_every_core
 from .errors import FootprintError, LabError
 
 KINDS = ("mkl", "onednn", "numba", "blas")
@@ -52,7 +52,6 @@ ONEDNN_MIN_ROWS = 8
 # cores of a Zen 3, two runs each: B = 8 numba 1.47-1.50 ms, oneDNN 2.65-2.85; B = 16 2.56-2.67 and
 # 3.60-3.77 (the head: oneDNN 4.3-4.6 and 6.1-6.8 ms, numba 4.3-4.4 and 8.4-8.7).
 ONEDNN_MIN_WEIGHT_BYTES = 4 << 20
-SPLIT_FLOPS = 1 << 24  # a product of more FLOPs than this (and any weight over 4 MiB) is shared out
 # Batch sizes whose packed weights stay: each is a copy of every weight, and more (lab-cpu's 63 MB
 # of products took 126 MiB more resident memory at B = 16); a new batch size repacks (~50 ms).
 MKL_PACKS_KEPT = 1
@@ -206,50 +205,41 @@ class PacksByRows:
 
 
 class MklProducts:
-    """MKL's packed weights, packed for the batch sizes of the last steps. A large product is packed
-    in column blocks that every core multiplies at once (`cpu_blas.on_every_core`), each block's
-    MKL call on one thread: MKL's own OpenMP threads, woken for each of the step's 17 products,
-    stalled whole steps on a busy machine, and the lab's pool shares the cores as well."""
+    """MKL's packed weights, packed for the batch sizes of the last steps, each product on MKL's
+    own threads (torch's OpenMP pool: every core shares it).
+
+    Why MKL's threads and not the lab's pool: MKL splits a product over its threads inside one
+    call, the lab's pool hands column blocks to Python threads (~50 us each, and each block's
+    single-thread MKL call streamed the LM head at a third of the L3's bandwidth). Measured on a
+    2-core Xeon (Emerald Rapids) VM, the 49,152 x 256 head alone: B = 1, 4, 16 in 1.25, 1.33,
+    2.8-3.9 ms on MKL's two threads against 2.5, 5.3, 7.0 ms on one; the decode step at S = 1,024
+    (`sweeps.measure_decode`, two runs each) B = 1, 4, 16, 32: 2.5-2.6, 4.1-4.4, 8.1-8.3,
+    13.6 ms against 3.4-4.8, 6.5-6.9, 10.6-10.8, 19.3-19.4 ms with the lab's column blocks. The
+    smallest products gain nothing from one thread: a step with those at most 2^18 or 2^20 FLOPs on
+    one thread was as fast as with all on two, within the VM's noise (6 alternating rounds).
+    With another process busy on one core, four runs each: B = 1 2.3-7.4 ms against 3.4-5.2 ms
+    with the column blocks, B = 16 15.9-22.3 against 14.4-16.6: MKL's threads lose some of their
+    lead there, and a step is then flagged or spread as `timing` sees it."""
 
     name = "mkl"
 
     def __init__(self, weights, reason):
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
         self.reason = reason
-        self.packs = PacksByRows(self._pack)  # batch size -> per weight [(block, packed)]
+        self.packs = PacksByRows(self._pack)  # batch size -> per weight its pack
 
     def threads(self):
-        """A context for the step's products: torch (and so MKL) on one thread in this one."""
-        return _TorchThreads(1)
+        """A context for the step's products: torch (and so MKL) on every core."""
+        return _TorchThreads(min(CORES, MAX_WORKERS))
 
     def _pack(self, rows: int) -> list:
-        """Per weight, its column blocks and their packs for `rows` rows."""
-        return [[(block, torch.ops.mkl._mkl_reorder_linear_weight(block, rows))
-                 for block in (w[_block(w.shape[0], p, n)] for p in range(n))]
-                for w, n in ((w, _parts(w, rows)) for w in self.weights)]
+        """Per weight, its pack for `rows` rows."""
+        return [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in self.weights]
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        blocks, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
-        if len(blocks) == 1:
-            (w, packed), = blocks
-            return torch.ops.mkl._mkl_linear(xt, packed, w, None, rows).numpy()
-        out = np.empty((rows, self.weights[i].shape[0]), np.float32)
-        columns = [_block(out.shape[1], p, len(blocks)) for p in range(len(blocks))]
-
-        def run(p):
-            w, packed = blocks[p]
-            out[:, columns[p]] = torch.ops.mkl._mkl_linear(xt, packed, w, None, rows).numpy()
-        on_every_core(run, len(blocks))
-        return out
-
-
-def _parts(w, rows: int) -> int:
-    """Column blocks a product is shared out in: 1 for a small one (waking another thread costs
-    more than it saves, as in `cpu_blas`), one per core (at most MAX_WORKERS) for a large weight
-    or many FLOPs."""
-    small = w.numel() * 4 <= SINGLE_THREAD_WEIGHT_BYTES and 2 * rows * w.numel() <= SPLIT_FLOPS
-    return 1 if small or CORES < 2 else min(CORES, MAX_WORKERS)
+        packed, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
+        return torch.ops.mkl._mkl_linear(xt, packed, self.weights[i], None, rows).numpy()
 
 
 def _block(n: int, part: int, parts: int) -> slice:
