@@ -39,6 +39,21 @@ def test_quantize_is_the_kernels_reference_bit_for_bit(cache_dtype, dtype):
         assert torch.equal(got_scale, want_scale)
 
 
+def test_the_cpu_steps_numpy_int8_is_the_kernels_reference_bit_for_bit():
+    """`cpu_decode.quantize_int8` (the CPU decode step's own int8 cache write) stores what the
+    reference stores: every code and every scale, ties and an all-zero row included."""
+    from kernels.kv_quant import INT8_MAX, quantize_kv_reference
+    from labkit import cpu_decode
+    assert cpu_decode.INT8_MAX == INT8_MAX
+    for seed in range(20):
+        torch.manual_seed(seed)
+        x = fresh_rows(torch.float32) * (10.0 ** (seed % 5 - 2))  # scales from 0.01 to 100
+        got, got_scale = cpu_decode.quantize_int8(x.numpy())
+        want, want_scale = quantize_kv_reference(x, "int8")
+        assert (got == want.numpy()).all(), f"seed {seed}: {(got != want.numpy()).sum()} codes differ"
+        assert (got_scale == want_scale.numpy()).all() and got_scale.dtype == want_scale.numpy().dtype
+
+
 def test_int8_codes_round_trip_within_half_a_step():
     x = fresh_rows(torch.float32)
     codes, scale = quantize(x, "int8")

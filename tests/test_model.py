@@ -231,6 +231,9 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
     assert shared_out == ([2] * 3 * TINY.n_layers if attends_here and "split" in lengths else []), shared_out
     for a, b in ((fast.cache.k, plain.cache.k), (fast.cache.v, plain.cache.v)):  # the same K/V written
         assert_same_codes(a, b, cache_dtype)
+    if cache_dtype == "int8":  # and their per-token scales (the CPU step writes equal lengths itself)
+        for a, b in ((fast.cache.k_scale, plain.cache.k_scale), (fast.cache.v_scale, plain.cache.v_scale)):
+            torch.testing.assert_close(a, b, **STEP_TOL["fp32"])
 
 
 # One code of each cache dtype: a value ~1e-6 from a rounding boundary may land on either side.
