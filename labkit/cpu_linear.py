@@ -297,9 +297,9 @@ class OneDnnProducts:
     """numba's kernels for a few rows and for small weights, oneDNN's packed weights (one copy per
     weight of `ONEDNN_MIN_WEIGHT_BYTES` or more, packed for the batch sizes of the last steps as
     `MklProducts`) for `ONEDNN_MIN_ROWS` rows and more, on torch's threads. Measured on the 2-core
-    EPYC at S = 1,024, fastest of 40 steps: B = 16 in 7.3 ms (numba's products alone: 9.0 ms), and with one other busy process 11.0 ms (numba's:
-    15.3 ms). Splitting the head into per-thread blocks on the lab's Python pool was slower
-    idle (9.6 ms) and no better busy."""
+    EPYC at S = 1,024, fastest of 40 steps: B = 16 in 7.3 ms (numba's products alone: 9.0 ms),
+    and with one other busy process 11.0 ms (numba's: 15.3 ms). Splitting the head into per-thread
+    blocks on the lab's Python pool was slower idle (9.6 ms) and no better busy."""
 
     name = "onednn"
 
