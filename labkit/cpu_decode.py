@@ -7,7 +7,9 @@ wake-ups are a large part of a small step; as plain BLAS calls, every few-row pr
 copies (packs) its whole weight; and a compact cache widened to fp32 before attention is read
 more than once. So here:
 
-  * elementwise work runs as numpy calls (far cheaper per call than torch's);
+  * elementwise work runs as numba's fused kernels (`cpu_kernels.rms_norm`, `rotate_in_place`,
+    `swiglu`: one call where numpy makes 4-8), or as numpy calls without numba (far cheaper per
+    call than torch's; they are the fused kernels' references);
   * the 17 products run on weights prepared once (`cpu_linear`: MKL's packed weights on an
     Intel CPU, numba's few-row kernels elsewhere with oneDNN's packed weights from 8 rows,
     numpy's BLAS without numba), so the step reads
@@ -64,10 +66,12 @@ def applies(model) -> tuple[bool, str]:
 
 class CpuDecode:
     """A decode path (see `decode_paths`) for a CPU fp32 `Llama`: `step(tokens, cache, plan)` runs
-    the layers as numpy calls, products prepared by `cpu_linear`, attention by `cpu_kernels`.
+    the layers as numpy and numba calls, products prepared by `cpu_linear`, attention and the
+    elementwise work by `cpu_kernels`.
 
-    `linear` ("mkl" | "numba" | "blas") and `attention` ("numba" | "numpy") force a choice
-    (tests compare each with the torch step); by default the fastest that applies here."""
+    `linear` ("mkl" | "onednn" | "numba" | "blas") and `attention` ("numba" | "numpy": the
+    attention's and the elementwise work's kernels) force a choice (tests compare each with the
+    torch step); by default the fastest that applies here."""
 
     def __init__(self, model, reason: str = "CPU, fp32", linear: str | None = None,
                  attention: str | None = None):
@@ -85,6 +89,14 @@ class CpuDecode:
             raise LabError(f"attention {attention!r} unavailable: known {', '.join(ATTENTIONS)}"
                            + ("" if cpu_kernels.AVAILABLE else "; numba is not installed"))
         self.attention = attention
+        # The elementwise work follows the attention's kernels: numba's fused forms (one call each
+        # where numpy makes 4-8), or the numpy forms, which are their references. Fastest of 40
+        # steps, 6 alternating rounds in one process, 2-core Xeon VM, S = 1,024: B = 1 3.22 against
+        # 3.52 ms, B = 16 10.2 against 10.6 ms (at B = 4 within the noise).
+        eps, fused = np.float32(model.spec.norm_eps), attention == "numba"
+        rms = cpu_kernels.rms_norm if fused else rms_norm
+        self.rms = lambda x, weight: rms(x, weight, eps)  # noqa: E731
+        self.rotate, self.gating = (_rotate_in_place, cpu_kernels.swiglu) if fused else (self._rotate, _swiglu_of)
         pair = (self.products.name, attention)
         self.name = {("blas", "numpy"): "numpy", ("numba", "numba"): "numba"}.get(pair, "+".join(pair))
         self.reason = (f"{reason}: products by {self.products.reason}; attention by "
@@ -105,8 +117,8 @@ class CpuDecode:
         part = self.model.clock
         mm = part.timed("products", self.products)
         attend = part.timed("attention", self._reader(cache, mixed, max_length))
-        rms, rotate, rope = (part.timed("other", f) for f in (self._rms, self._rotate, self._rope))
-        add, gating = part.timed("other", np.add), part.timed("other", _swiglu)
+        rms, rotate, rope = (part.timed("other", f) for f in (self.rms, self.rotate, self._rope))
+        add, gating = part.timed("other", np.add), part.timed("other", self.gating)
         # ----
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
         cos, sin = rope(at)  # [B or 1, 1, dh]
@@ -133,9 +145,8 @@ class CpuDecode:
                         cache.update(i, k, v, positions)
                 o = attend(i, qk[:, :H])  # [B, H, dh]
                 x = add(x, mm(4 * i + 1, o.reshape(B, H * dh)))
-                gate_up = mm(4 * i + 2, rms(x, mlp_norm))  # [B, 2 ffn]
-                gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
-                x = add(x, mm(4 * i + 3, gating(gate, up)))
+                gate_up = mm(4 * i + 2, rms(x, mlp_norm))  # [B, 2 ffn]: gate, then up
+                x = add(x, mm(4 * i + 3, gating(gate_up)))
             return torch.from_numpy(mm(4 * len(self.norms), rms(x, self.norm)))
 
     def _reader(self, cache, mixed, max_length):
@@ -180,12 +191,6 @@ class CpuDecode:
                 cpu_kernels.decode_attention_on_cores(*args, parts)  # (as the products: one pool, no contention)
             return out.reshape(B, H, dh)
         return attend
-
-    def _rms(self, x, weight):
-        """x / rms(x) * weight over the last axis, fp32, as `model.rms_norm` (the sum of squares by
-        a ufunc reduce: np.mean's Python wrapper cost more than the arithmetic at these sizes)."""
-        mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) * np.float32(1.0 / x.shape[-1])
-        return x * (1.0 / np.sqrt(mean_square + np.float32(self.model.spec.norm_eps))) * weight
 
     def _rope(self, positions):
         """(cos, sin) [n, 1, dh] for positions [n], laid out as `model.rope_angles`: (cos, cos) and
@@ -235,6 +240,26 @@ def quantize_int8(x):
     inv = np.divide(np.float32(INT8_MAX), absmax, out=np.zeros_like(absmax), where=absmax > 0)
     codes = np.floor(x * inv[..., None] + np.float32(0.5))
     return np.clip(codes, -INT8_MAX, INT8_MAX).astype(np.int8), absmax / np.float32(INT8_MAX)
+
+
+def rms_norm(x, weight, eps):
+    """x / rms(x) * weight over the last axis, fp32, as `model.rms_norm` (the sum of squares by
+    a ufunc reduce: np.mean's Python wrapper cost more than the arithmetic at these sizes)."""
+    mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) * np.float32(1.0 / x.shape[-1])
+    return x * (1.0 / np.sqrt(mean_square + eps)) * weight
+
+
+def _rotate_in_place(x, cos, sin):
+    """`CpuDecode._rotate` by numba, in place on x [B, n, dh] (a view of the step's fresh qkv):
+    x itself, rotated."""
+    cpu_kernels.rotate_in_place(x, cos, sin, x.shape[1])
+    return x
+
+
+def _swiglu_of(gate_up):
+    """`_swiglu` of gate_up [B, 2 ffn] (gate, then up, as the fused weight writes them)."""
+    n = gate_up.shape[1] // 2
+    return _swiglu(gate_up[:, :n], gate_up[:, n:])
 
 
 def _swiglu(gate, up):

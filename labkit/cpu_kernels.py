@@ -1,4 +1,5 @@
-"""The CPU decode step's two kernels, compiled by numba, each with its numpy reference beside it.
+"""The CPU decode step's kernels, compiled by numba, each with its numpy reference beside it (the
+elementwise ones' references are the step's numpy forms in `cpu_decode`).
 
 What you learn here (the CPU counterpart of kernels/, where the GPU's Triton kernels live):
   * a few-row product reads each weight row ONCE for all B rows: `few_rows_linear` walks the
@@ -10,7 +11,10 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
   * decode attention reads the cache AS STORED and widens each value in registers
     (`decode_attention`): bf16 is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent
     and mantissa (its value times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale, so the bytes a step reads are the
-    bytes `roofline.kv_bytes_per_token` counts, not an fp32 copy made first.
+    bytes `roofline.kv_bytes_per_token` counts, not an fp32 copy made first;
+  * the elementwise work between them (RMS norm, RoPE, SwiGLU) is a few vectors per row, where a
+    numpy call's own cost (~1-3 us) outweighs its arithmetic: one fused call each (`rms_norm`,
+    `rotate_in_place`, `swiglu`) instead of 4-8 numpy calls.
 
 Pseudocode of the attention, one (row b, kv head h) unit per task, G = H / Hkv queries per unit:
     n = lengths[b]                                   # keys this row sees, the new one included
@@ -502,6 +506,52 @@ if AVAILABLE:
             factor = v_scale_all / denominators[g]
             for d in range(dh):
                 out[g, d] = acc_out[g, d] * factor
+
+    # ---- the step's elementwise work, fused: one call where numpy made 4-8 (each ~1-3 us at decode's
+    # few rows); the numpy forms in `cpu_decode` (`rms_norm`, `CpuDecode._rotate`, `_swiglu`) are the
+    # references and the path without numba.
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def rms_norm(x, weight, eps):
+        """x [B, d] / rms over d * weight [d] -> a new [B, d] fp32 array."""
+        B, d = x.shape
+        out = np.empty_like(x)
+        for b in range(B):
+            acc = np.float32(0)
+            for j in range(d):
+                acc += x[b, j] * x[b, j]
+            inv = np.float32(1) / np.sqrt(acc * np.float32(1.0 / d) + eps)
+            for j in range(d):
+                out[b, j] = x[b, j] * inv * weight[j]
+        return out
+
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def rotate_in_place(x, cos, sin, heads):
+        """RoPE on x[:, :heads] [B, heads, dh] in place, as `cpu_decode.CpuDecode._rotate`: x * cos
+        + swap(x) * sin, cos, sin [B or 1, 1, dh] laid out as (cos, cos) and (-sin, +sin)."""
+        B, dh = x.shape[0], x.shape[2]
+        half = dh // 2
+        for b in range(B):
+            c, s = cos[min(b, cos.shape[0] - 1), 0], sin[min(b, sin.shape[0] - 1), 0]
+            for h in range(heads):
+                row = x[b, h]
+                for j in range(half):
+                    lo, hi = row[j], row[j + half]
+                    row[j] = lo * c[j] + hi * s[j]
+                    row[j + half] = hi * c[j + half] + lo * s[j + half]
+
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def swiglu(gate_up):
+        """gate_up [B, 2 n] (gate, then up) -> silu(gate) * up, a new [B, n] fp32 array; the
+        sigmoid from exp of -|g| (never overflows), vectorised by `exp_nonpositive`."""
+        B, n = gate_up.shape[0], gate_up.shape[1] // 2
+        out = np.empty((B, n), np.float32)
+        for b in range(B):
+            for j in range(n):
+                g = gate_up[b, j]
+                e = exp_nonpositive(-abs(g))
+                sig = (np.float32(1) if g >= 0 else e) / (np.float32(1) + e)
+                out[b, j] = g * sig * gate_up[b, n + j]
+        return out
 
     @numba.njit(fastmath=True, cache=True)
     def exp_nonpositive(x):

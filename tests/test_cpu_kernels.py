@@ -273,3 +273,27 @@ def test_packs_of_a_new_batch_size_replace_the_old_before_they_are_made():
     for rows in (8, 16, 16, 8):
         assert packs[rows] == [rows]
     assert alive == [8, 16, 8] and list(packs) == [16, 8][-cpu_linear.MKL_PACKS_KEPT:]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_the_fused_elementwise_kernels_equal_the_steps_numpy(rows):
+    """rms_norm, rotate_in_place and swiglu (numba) against the CPU step's numpy forms, their
+    references, on fresh random inputs: lab-cpu's widths, gates from -30 to 30 (the sigmoid's
+    both tails), RoPE at a different position per row."""
+    from labkit import cpu_decode
+    r = rng(100 + rows)
+    x = r.standard_normal((rows, 256), dtype=np.float32) * 3
+    weight = r.standard_normal(256, dtype=np.float32)
+    eps = np.float32(1e-5)
+    want = cpu_decode.rms_norm(x, weight, eps)
+    assert_close(cpu_kernels.rms_norm(x, weight, eps), want, "rms_norm")
+    qk = r.standard_normal((rows, 6, 64), dtype=np.float32)
+    angles = r.uniform(0, 8192, (rows, 1)).astype(np.float32) * r.uniform(0, 1, 32).astype(np.float32)
+    cos, sin = np.cos(angles), np.sin(angles)
+    cos, sin = np.concatenate((cos, cos), -1)[:, None], np.concatenate((-sin, sin), -1)[:, None]  # [rows, 1, 64]
+    want = cpu_decode.CpuDecode._rotate(qk, cos, sin)
+    got = qk.copy()
+    cpu_kernels.rotate_in_place(got, cos, sin, 6)
+    assert_close(got, want, "rotate_in_place")
+    gate_up = np.concatenate((r.uniform(-30, 30, (rows, 768)), r.standard_normal((rows, 768))), 1).astype(np.float32)
+    assert_close(cpu_kernels.swiglu(gate_up), cpu_decode._swiglu_of(gate_up), "swiglu")
