@@ -12,7 +12,8 @@ set included), then measures on the lab's model for this device (`sizes.lab_sett
     prefill        prefill P = 1,024, 2,048, 4,096
 
 each with `sweeps.bracketed` (the bandwidth read just before and after, at the point's working
-set), and writes every point, the calibration it was judged by, the machine's load (its load
+set), every table `rounds` times over (`sizes.BENCH_ROUNDS`, one whole pass after another; the
+tables show each point's median round, `median_round`), and writes every round's point, the calibration it was judged by, the machine's load (its load
 average, and the share of the cores other processes kept busy meanwhile) and the provenance (`recordings.write_recording`, never overwriting). `ratios` puts the measured
 gains beside the roofline's: tokens/s at B = 16 over B = 1, and each cache dtype's step time
 over fp32's (the issue's targets for a CPU decode step that batches and a cache dtype lever
@@ -47,8 +48,11 @@ def bench_steps(device: str, cache_dtype: str) -> list[dict]:
 
 
 def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: str | None = None,
-              steps: list[dict] | None = None, log=None) -> tuple[Path, dict]:
-    """Calibrate, measure every step bracketed, write one recording; (its path, its payload)."""
+              steps: list[dict] | None = None, log=None, rounds: int = sizes.BENCH_ROUNDS) -> tuple[Path, dict]:
+    """Calibrate, measure every step bracketed in `rounds` rounds (all steps, then all again), write
+    one recording; (its path, its payload)."""
+    if not (isinstance(rounds, int) and not isinstance(rounds, bool) and 1 <= rounds <= sizes.MAX_BENCH_ROUNDS):
+        raise LabError(f"rounds must be an integer in 1..{sizes.MAX_BENCH_ROUNDS}, got {rounds!r}")
     log = log or (lambda line: None)
     here = backend.choose_device(device)
     settings = sizes.lab_settings(here.device)
@@ -57,17 +61,19 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     load_before, busy_from = _load_average(), calibrate.load_snapshot()
     hardware, info = calibrate.load_or_calibrate(here.device, refresh=True, log=log)
     log(calibrate.describe(hardware, info))
-    points = []
-    for i, step in enumerate(steps, start=1):
-        points.append(_measure(spec, here.device, step))
-        log(f"[{i}/{len(steps)}] {row(points[-1])['point']}: {_line(row(points[-1]))}")
+    points = []  # every round's points, in the order they were measured
+    for r in range(1, rounds + 1):
+        for i, step in enumerate(steps, start=1):
+            points.append({**_measure(spec, here.device, step), "round": r, "step": i - 1})
+            log(f"[round {r}/{rounds}, {i}/{len(steps)}] {row(points[-1])['point']}: {_line(row(points[-1]))}")
+    medians = [median_round([p for p in points if p["step"] == i]) for i in range(len(steps))]
     payload = {"phase": "bench", "device": here.device, "model": spec.name, "compute_dtype": here.compute_dtype,
-               "issue": 13, "calibration": _calibration_summary(hardware, info),
+               "issue": 13, "rounds": rounds, "calibration": _calibration_summary(hardware, info),
                "load_average": {"before": load_before, "after": _load_average()},
                # the share of all cores other processes kept busy over the whole run (None: not known here)
                "others_busy_share": calibrate.others_busy_share(busy_from),
-               "tables": {t: [row(p) for p in points if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
-               "ratios": ratios(points), "points": points}
+               "tables": {t: [row(p) for p in medians if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
+               "ratios": ratios(medians), "points": points}
     path = write_recording(out, f"bench-{here.device}", payload)
     log(f"labkit: bench recording written to {path}")
     return path, payload
@@ -88,6 +94,20 @@ def _measure(spec, device: str, step: dict) -> dict:
     return {"table": step["table"], **point}
 
 
+def median_round(rounds: list[dict]) -> dict:
+    """Of one step's points, one per round, the round of the median step time (of an even count
+    the faster middle one): a real measured point, as the tables show it, with every round's time
+    and bracketed roof fraction beside it. A shared VM's neighbours move a point by tens of percent
+    from minute to minute (a 2-core Xeon VM: B = 16 decode 8.4 and 10.9 ms in two runs minutes
+    apart), which no single pass can tell from the lab's own speed; a skipped step stays skipped."""
+    timed = sorted((p for p in rounds if "time_s" in p), key=lambda p: p["time_s"])
+    if not timed:
+        return rounds[0]
+    chosen = timed[(len(timed) - 1) // 2]
+    return {**chosen, "rounds_time_s": [p["time_s"] for p in rounds if "time_s" in p],
+            "rounds_bracketed_roof_fraction": [p["bracketed_roof_fraction"] for p in rounds if "time_s" in p]}
+
+
 def row(point: dict) -> dict:
     """One point as a table row: the issue's columns (measured, predicted, bracketed roof
     fraction) with the tokens/s, the tier and the planning line beside them."""
@@ -97,7 +117,8 @@ def row(point: dict) -> dict:
         return {"point": shape, "skipped": point["skipped"]}
     keys = ("time_s", "predicted_time_s", "planned_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
             "bound", "roof_tier", "roof_bandwidth_bytes_per_s", "working_set_bytes", "noisy", "kernels")
-    return {"point": shape, **{k: point.get(k) for k in keys}}
+    rounds = {k: point[k] for k in ("round", "rounds_time_s", "rounds_bracketed_roof_fraction") if k in point}
+    return {"point": shape, **{k: point.get(k) for k in keys}, **rounds}
 
 
 def ratios(points: list[dict]) -> dict:

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from . import roofline
+from . import roofline, sizes
 from .cli_args import Parser, UsageError
 from .errors import LabError, SpecError
 from .specs import DTYPES, GPUS, MODELS, get_gpu, get_model
@@ -239,10 +239,18 @@ def run_breakdown(args) -> dict:
 def run_bench(args) -> dict:
     """`make bench`: issue 13's tables, each point bracketed, written as one recording (labkit.bench)."""
     from . import bench  # the model, torch and the calibration: only `bench` needs them
-    path, payload = bench.run_bench(args.device, args.out or bench.DEFAULT_OUT, args.model, log=_stderr)
-    return {"recording": str(path), "device": payload["device"], "model": payload["model"],
+    _in_range("--rounds", args.rounds, 1, sizes.MAX_BENCH_ROUNDS)
+    path, payload = bench.run_bench(args.device, args.out or bench.DEFAULT_OUT, args.model, log=_stderr,
+                                    rounds=args.rounds)
+    return {"recording": str(path), "device": payload["device"], "model": payload["model"], "rounds": payload["rounds"],
             "tables": payload["tables"], "ratios": payload["ratios"], "load_average": payload["load_average"],
             "others_busy_share": payload["others_busy_share"]}
+
+
+def _spread(fractions: list) -> str:
+    """The lowest and highest of some fractions, as percentages: "45-67%"."""
+    known = [f for f in fractions if f is not None]
+    return f"{min(known):.0%}-{max(known):.0%}".replace("%-", "-") if known else "-"
 
 
 def _stderr(message: str):
@@ -329,9 +337,13 @@ def _print_human(command: str, result: dict):
             print(f"{edge['label']} from ~{_binary(edge['bytes'])} (the OS reports a {_binary(edge['cache_bytes'])} {edge['from']})")
     elif command == "bench":
         columns = ("point", "time_s", "predicted_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
-                   "roof_tier", "skipped")
+                   "bracketed_rounds", "roof_tier", "skipped")
+        print(f"each point: its median of {result['rounds']} rounds; bracketed rounds: the lowest and highest "
+              "bracketed roof fraction of its rounds")
         for name, rows in result["tables"].items():
             print(f"{name}:")
+            rows = [{**r, "bracketed_rounds": _spread(r["rounds_bracketed_roof_fraction"])}
+                    if r.get("rounds_bracketed_roof_fraction") else r for r in rows]
             shown = [c for c in columns if any(c in r for r in rows)]
             _print_rows([{c: r.get(c) for c in shown} for r in rows], shown)
         for name, ratio in result["ratios"].items():
@@ -380,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA if present (or LABKIT_DEVICE)")
     bench.add_argument("--model", help="default: lab-cpu on the CPU, llama-3.1-8b on CUDA")
     bench.add_argument("--out", help="folder for the recording (default: data/recordings); never overwrites")
+    bench.add_argument("--rounds", type=int, default=sizes.BENCH_ROUNDS,
+                       help=f"times each table is measured, one whole pass after another, 1..{sizes.MAX_BENCH_ROUNDS} "
+                            f"(default {sizes.BENCH_ROUNDS}); each point shows its median round")
     bench.add_argument("--json", action="store_true", help="one JSON object on stdout")
     bench.set_defaults(handler=run_bench)
     return parser

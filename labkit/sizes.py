@@ -95,3 +95,9 @@ GPU_CHECK_DRY = GpuCheckSizes(
     decode_checks=((2, 64), (1, 256)), decode_timings=((1, 128), (1, 256), (2, 64)), long_context=256,
     model="lab-tiny", prompts=(16, 64), batches=(1, 4), max_batch=8, context=64, contexts=(64, 256),
     warmup=0, repeats=2, measure_budget_s=None, sweep_repeats=2)
+
+
+# ---- `make bench` (labkit.bench): each table measured this many times over, one whole pass after
+# another; the tables show each point's median round, the recording keeps every round. A shared VM's
+# neighbours move a point by tens of percent from minute to minute, which one pass cannot tell apart.
+BENCH_ROUNDS, MAX_BENCH_ROUNDS = 3, 10

@@ -7,6 +7,7 @@ import pytest
 
 from labkit import bench, calibrate, cli, sweeps
 from labkit.calibrate import Plan
+from labkit.errors import LabError
 from labkit.recordings import load_recordings
 
 TINY = Plan(4 * 2**20, {"fp32": (64,), "bf16": (32,), "fp16": (32,)}, warmup=1, repeats=3, budget_s=0.05)
@@ -37,7 +38,7 @@ def test_the_steps_are_the_issues_tables():
 
 def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     lines = []
-    path, payload = bench.run_bench("cpu", tmp_path / "rec", "lab-tiny", STEPS, log=lines.append)
+    path, payload = bench.run_bench("cpu", tmp_path / "rec", "lab-tiny", STEPS, log=lines.append, rounds=2)
     assert path == tmp_path / "rec" / "bench-cpu.json"
     saved = json.loads(path.read_text())
     assert saved["phase"] == "bench" and saved["model"] == "lab-tiny" and saved["device"] == "cpu"
@@ -45,6 +46,11 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     for key in ("device_name", "torch", "date", "command", "git_commit", "threads"):
         assert key in saved["provenance"], key
     assert [len(saved["tables"][t]) for t in ("decode_batch", "cache_dtype", "prefill")] == [2, 2, 1]
+    assert saved["rounds"] == 2 and [p["round"] for p in saved["points"]] == [1] * 5 + [2] * 5  # every round kept
+    for i, shown in enumerate(r for t in saved["tables"].values() for r in t):  # each row: its step's median round
+        mine = [p for p in saved["points"] if p["step"] == i]
+        assert shown["rounds_time_s"] == [p["time_s"] for p in mine]
+        assert shown["time_s"] == min(p["time_s"] for p in mine)  # of two rounds, the faster
     for point in saved["points"]:  # every point bracketed at its working set, with its roof and plan
         for key in ("bandwidth_before_bytes_per_s", "bracketed_roof_fraction", "working_set_bytes",
                     "roof_bandwidth_bytes_per_s", "roof_tier", "planned_time_s", "roof_fraction"):
@@ -66,6 +72,25 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     assert load_recordings(tmp_path / "rec", phase="decode") == []  # kept out of the lessons' recorded series
 
 
+def test_the_median_round_is_a_real_point():
+    rounds = [{"time_s": t, "bracketed_roof_fraction": f, "round": r}
+              for r, (t, f) in enumerate([(3.0, 0.5), (1.0, 0.9), (2.0, 0.7)], start=1)]
+    shown = bench.median_round(rounds)
+    assert shown["round"] == 3 and shown["time_s"] == 2.0 and shown["bracketed_roof_fraction"] == 0.7
+    assert shown["rounds_time_s"] == [3.0, 1.0, 2.0] and shown["rounds_bracketed_roof_fraction"] == [0.5, 0.9, 0.7]
+    assert bench.median_round(rounds[:2])["round"] == 2  # of an even count, the faster middle one
+    skipped = [{"table": "prefill", "skipped": "too long"}] * 3
+    assert bench.median_round(skipped) == skipped[0]
+
+
+def test_rounds_out_of_range_are_refused(tmp_path, capsys):
+    with pytest.raises(LabError, match=r"rounds must be an integer in 1\.\.10, got 0"):
+        bench.run_bench("cpu", tmp_path, "lab-tiny", STEPS[:1], rounds=0)
+    assert cli.main(["bench", "--device", "cpu", "--rounds", "11", "--out", str(tmp_path)]) == 2
+    assert "--rounds must be in 1..10, got 11" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before anything ran or was written
+
+
 def test_a_step_the_device_refuses_is_kept_with_why(tmp_path):
     too_long = [{"table": "prefill", "phase": "prefill", "prompt_tokens": 10**6}]
     _, payload = bench.run_bench("cpu", tmp_path, "lab-tiny", too_long)
@@ -74,8 +99,9 @@ def test_a_step_the_device_refuses_is_kept_with_why(tmp_path):
 
 def test_the_command_prints_the_tables_and_the_recording(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(bench, "bench_steps", lambda device, cache_dtype: STEPS[:2] + STEPS[-1:])
-    assert cli.main(["bench", "--device", "cpu", "--model", "lab-tiny", "--out", str(tmp_path)]) == 0
+    assert cli.main(["bench", "--device", "cpu", "--model", "lab-tiny", "--out", str(tmp_path), "--rounds", "2"]) == 0
     out = capsys.readouterr().out
+    assert "each point: its median of 2 rounds" in out and "bracketed rounds" in out
     assert "decode_batch:" in out and "prefill:" in out and "tokens per s b16 over b1: measured" in out
     assert out.strip().endswith(f"recording: {tmp_path / 'bench-cpu.json'}")
     assert cli.main(["bench", "--device", "cpu", "--model", "lab-tiny", "--out", str(tmp_path), "--json"]) == 0
