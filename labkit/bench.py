@@ -59,8 +59,18 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     spec = get_model(model or settings["model"])
     steps = steps if steps is not None else bench_steps(here.device, settings["cache_dtype"])
     load_before, busy_from = _load_average(), calibrate.load_snapshot()
-    hardware, info = calibrate.load_or_calibrate(here.device, refresh=True, log=log)
-    log(calibrate.describe(hardware, info))
+    fresh, fresh_info = calibrate.load_or_calibrate(here.device, refresh=True, log=log)
+    log(calibrate.describe(fresh, fresh_info))
+    # What every point is judged by (`sweeps` asks load_or_calibrate): the fresh calibration, or,
+    # where that was noisy and so not cached, the cached one; the recording names the one used.
+    hardware, info = calibrate.load_or_calibrate(here.device)
+    unused = None
+    if info.get("date") == fresh_info.get("date"):
+        hardware, info = fresh, fresh_info  # the same one, with how it came about
+    else:
+        unused = {**_calibration_summary(fresh, fresh_info),
+                  "not_used": f"noisy, so not cached: the points are judged by the cached calibration of {info.get('date')}"}
+        log(f"labkit: the fresh calibration was noisy; the points are judged by the cached one of {info.get('date')}")
     points = []  # every round's points, in the order they were measured
     for r in range(1, rounds + 1):
         for i, step in enumerate(steps, start=1):
@@ -69,6 +79,7 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     medians = [median_round([p for p in points if p["step"] == i]) for i in range(len(steps))]
     payload = {"phase": "bench", "device": here.device, "model": spec.name, "compute_dtype": here.compute_dtype,
                "issue": 13, "rounds": rounds, "calibration": _calibration_summary(hardware, info),
+               **({"fresh_calibration": unused} if unused else {}),
                "load_average": {"before": load_before, "after": _load_average()},
                # the share of all cores other processes kept busy over the whole run (None: not known here)
                "others_busy_share": calibrate.others_busy_share(busy_from),

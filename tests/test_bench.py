@@ -72,6 +72,26 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     assert load_recordings(tmp_path / "rec", phase="decode") == []  # kept out of the lessons' recorded series
 
 
+def test_the_recording_names_the_calibration_its_points_were_judged_by(tmp_path, monkeypatch):
+    """A fresh calibration that is noisy is not cached, so the points are judged by the cached one
+    (`sweeps` asks load_or_calibrate): the recording's `calibration` is that one, and the noisy
+    fresh one is kept beside it as `fresh_calibration`, marked as not used."""
+    _, first = bench.run_bench("cpu", tmp_path, "lab-tiny", STEPS[:1], rounds=1)  # a quiet one, cached
+    assert "fresh_calibration" not in first
+    real = calibrate.calibrate
+
+    def noisy(kind, plan=None):
+        spec, info = real(kind, plan)
+        return spec, {**info, "date": "2026-12-01T23:59:59+00:00", "noisy": ["bandwidth at 4.0 MiB"]}
+    monkeypatch.setattr(calibrate, "calibrate", noisy)
+    _, payload = bench.run_bench("cpu", tmp_path, "lab-tiny", STEPS[:1], rounds=1)
+    assert payload["calibration"]["date"] == first["calibration"]["date"] != payload["fresh_calibration"]["date"]
+    assert payload["fresh_calibration"]["not_used"].startswith("noisy, so not cached")
+    hardware, _ = calibrate.load_or_calibrate("cpu")
+    point = payload["points"][0]
+    assert point["predicted_time_s"] > 0 and payload["calibration"]["spec"]["fp32_flops_per_s"] == hardware.fp32_flops_per_s
+
+
 def test_the_median_round_is_a_real_point():
     rounds = [{"time_s": t, "bracketed_roof_fraction": f, "round": r}
               for r, (t, f) in enumerate([(3.0, 0.5), (1.0, 0.9), (2.0, 0.7)], start=1)]
