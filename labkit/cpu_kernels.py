@@ -369,11 +369,14 @@ if AVAILABLE:
                              units * p // parts, units * (p + 1) // parts)
 
     @numba.njit(fastmath=True, cache=True)
-    def _pair_scores(q0, q1, k, n, s0, s1):
-        """s0[t], s1[t] = q0 . widen(k[t]), q1 . widen(k[t]) for t < n; q [dh], k [S_max, dh] as
-        stored. Four keys per iteration: eight independent sums keep the vector units busy while
-        each one's reduction across its lanes finishes (int8: 194 against 162 keys/us per core)."""
+    def _pair_scores(q0, q1, k, n, per_token, k_scale, s0, s1):
+        """s0[t], s1[t] = (q0 . widen(k[t])) k_scale[t], (q1 . widen(k[t])) k_scale[t] for t < n
+        (int8's per-token scale where `per_token`, else none); q [dh], k [S_max, dh] as stored.
+        Returns (max s0, max s1), kept as it goes, so the softmax needs no pass of its own for it.
+        Four keys per iteration: eight independent sums keep the vector units busy while each
+        one's reduction across its lanes finishes (int8: 194 against 162 keys/us per core)."""
         dh = q0.shape[0]
+        top0 = top1 = np.float32(-np.inf)
         t = 0
         while t + 4 <= n:
             for ahead in range(4):
@@ -394,8 +397,14 @@ if AVAILABLE:
                 r = widen(k3[d])
                 e0 += x0 * r
                 e1 += x1 * r
+            if per_token:
+                sa, sb, sc, se = k_scale[t], k_scale[t + 1], k_scale[t + 2], k_scale[t + 3]
+                a0, a1, b0, b1 = a0 * sa, a1 * sa, b0 * sb, b1 * sb
+                c0, c1, e0, e1 = c0 * sc, c1 * sc, e0 * se, e1 * se
             s0[t], s1[t], s0[t + 1], s1[t + 1] = a0, a1, b0, b1
             s0[t + 2], s1[t + 2], s0[t + 3], s1[t + 3] = c0, c1, e0, e1
+            top0 = max(top0, max(max(a0, b0), max(c0, e0)))
+            top1 = max(top1, max(max(a1, b1), max(c1, e1)))
             t += 4
         while t < n:  # the last keys, one at a time
             key = k[t]
@@ -404,8 +413,25 @@ if AVAILABLE:
                 r = widen(key[d])
                 a0 += q0[d] * r
                 a1 += q1[d] * r
+            if per_token:
+                a0, a1 = a0 * k_scale[t], a1 * k_scale[t]
             s0[t], s1[t] = a0, a1
+            top0, top1 = max(top0, a0), max(top1, a1)
             t += 1
+        return top0, top1
+
+    @numba.njit(fastmath=True, cache=True)
+    def _pair_numerators(s0, s1, n, scale, top0, top1):
+        """s0[:n], s1[:n] <- exp(scale s - scale top) in place, both queries in one vectorised loop
+        (scale >= 0: the cache's scales are, so scale top is the max); returns their sums."""
+        m0, m1 = top0 * scale, top1 * scale
+        total0 = total1 = np.float32(0)
+        for t in range(n):
+            e0, e1 = exp_nonpositive(s0[t] * scale - m0), exp_nonpositive(s1[t] * scale - m1)
+            s0[t], s1[t] = e0, e1
+            total0 += e0
+            total1 += e1
+        return total0, total1
 
     @numba.njit(fastmath=True, cache=True)
     def _pair_values(v, n, p0, p1, o0, o1):
@@ -441,14 +467,8 @@ if AVAILABLE:
         both from a register (about 1.4x the keys per second of the general loop)."""
         dh = q.shape[1]
         s0, s1 = np.empty(n, np.float32), np.empty(n, np.float32)
-        _pair_scores(q[0], q[1], k, n, s0, s1)
-        if per_token:  # int8: each key's scale
-            for t in range(n):
-                s0[t] *= k_scale[t]
-                s1[t] *= k_scale[t]
-        _softmax_numerators(s0, k_scale_all, n)
-        _softmax_numerators(s1, k_scale_all, n)
-        total0, total1 = s0[:n].sum(), s1[:n].sum()
+        top0, top1 = _pair_scores(q[0], q[1], k, n, per_token, k_scale, s0, s1)  # int8: each key's scale in
+        total0, total1 = _pair_numerators(s0, s1, n, k_scale_all, top0, top1)
         if per_token:  # int8's V scales folded into the numerators: sum_t p_t (v_t s_t) = sum_t (p_t s_t) v_t
             for t in range(n):
                 s0[t] *= v_scale[t]
@@ -570,14 +590,3 @@ if AVAILABLE:
         p = p * r + np.float32(1.0)
         p = p * r + np.float32(1.0)
         return p * _bits_as_float32((np.int32(n) + np.int32(127)) << np.int32(23))
-
-    @numba.njit(fastmath=True, cache=True)
-    def _softmax_numerators(s, scale, n):
-        """s[:n] <- exp(scale s - max(scale s)) in place (scale >= 0: the cache's scales are), each
-        loop simple enough for LLVM to vectorise (numpy's max() checks for NaN element by element)."""
-        top = s[0]
-        for t in range(1, n):
-            top = max(top, s[t])
-        top *= scale
-        for t in range(n):
-            s[t] = exp_nonpositive(s[t] * scale - top)
