@@ -96,7 +96,7 @@ class CpuDecode:
         eps, fused = np.float32(model.spec.norm_eps), attention == "numba"
         rms = cpu_kernels.rms_norm if fused else rms_norm
         self.rms = lambda x, weight: rms(x, weight, eps)  # noqa: E731
-        self.rotate, self.gating = (_rotate_in_place, cpu_kernels.swiglu) if fused else (self._rotate, _swiglu_of)
+        self.rotate, self.gating = (_rotate_in_place, cpu_kernels.swiglu) if fused else (self._rotate, _swiglu)
         pair = (self.products.name, attention)
         self.name = {("blas", "numpy"): "numpy", ("numba", "numba"): "numba"}.get(pair, "+".join(pair))
         self.reason = (f"{reason}: products by {self.products.reason}; attention by "
@@ -252,19 +252,16 @@ def rms_norm(x, weight, eps):
 def _rotate_in_place(x, cos, sin):
     """`CpuDecode._rotate` by numba, in place on x [B, n, dh] (a view of the step's fresh qkv):
     x itself, rotated."""
-    cpu_kernels.rotate_in_place(x, cos, sin, x.shape[1])
+    cpu_kernels.rotate_in_place(x, cos, sin)
     return x
 
 
-def _swiglu_of(gate_up):
-    """`_swiglu` of gate_up [B, 2 ffn] (gate, then up, as the fused weight writes them)."""
+def _swiglu(gate_up):
+    """SwiGLU's gating of gate_up [B, 2 ffn] (gate, then up, as the fused weight writes them):
+    silu(gate) * up [B, ffn], silu(g) = g * sigmoid(g), with sigmoid through tanh, so a large -g
+    gives no overflow warning."""
     n = gate_up.shape[1] // 2
-    return _swiglu(gate_up[:, :n], gate_up[:, n:])
-
-
-def _swiglu(gate, up):
-    """SwiGLU's gating, silu(gate) * up, [B, ffn] each: silu(g) = g * sigmoid(g), with sigmoid
-    through tanh, so a large -g gives no overflow warning."""
+    gate, up = gate_up[:, :n], gate_up[:, n:]
     return gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up
 
 

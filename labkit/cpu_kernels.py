@@ -545,10 +545,10 @@ if AVAILABLE:
         return out
 
     @numba.njit(nogil=True, fastmath=True, cache=True)
-    def rotate_in_place(x, cos, sin, heads):
-        """RoPE on x[:, :heads] [B, heads, dh] in place, as `cpu_decode.CpuDecode._rotate`: x * cos
+    def rotate_in_place(x, cos, sin):
+        """RoPE on x [B, heads, dh] in place, as `cpu_decode.CpuDecode._rotate`: x * cos
         + swap(x) * sin, cos, sin [B or 1, 1, dh] laid out as (cos, cos) and (-sin, +sin)."""
-        B, dh = x.shape[0], x.shape[2]
+        B, heads, dh = x.shape
         half = dh // 2
         for b in range(B):
             c, s = cos[min(b, cos.shape[0] - 1), 0], sin[min(b, sin.shape[0] - 1), 0]
