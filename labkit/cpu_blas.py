@@ -12,7 +12,8 @@ that pays off:
   * a large weight times a few rows (the output head in decode) is split into column blocks,
     one Python thread per core, each running single-threaded OpenBLAS (numpy releases the GIL),
     because OpenBLAS's own threads pack the whole weight for a few-row product first;
-  * everything else (prefill's thousands of rows) gets all of OpenBLAS's threads.
+  * everything else (prefill's thousands of rows, on a CPU other than Intel's: there `ops` hands
+    those to torch's MKL) gets all of OpenBLAS's threads.
 
 The thread count is set through OpenBLAS's C API (ctypes), and only when it changes.
 Shapes: a [M, K] @ b [K, N] -> [M, N], fp32 numpy arrays.

@@ -6,6 +6,7 @@ last-level cache) and whether a cached calibration still describes this machine.
     caches = cpu_caches()        # CacheLevels: L2 4 MiB (2 instances), L3 480 MiB (1 instance)
     caches.last_level_bytes      # 503,316,480
     cpu_identity()               # "vendor_id GenuineIntel cpu family 6 model 167 stepping 1: Intel(R) Xeon(R) Processor"
+    cpu_vendor()                 # "GenuineIntel" ("" where the OS names none: macOS, some ARM boards)
     last_boot()                  # datetime of the last boot, or None where the OS does not say
     cpu_busy_s()                 # CPU seconds all processes used since boot (two readings: the load)
 
@@ -171,6 +172,19 @@ def cpu_identity() -> str:
         return f"{ident}: {fields.get('model name', platform.machine())}"
     brand = run_command(["sysctl", "-n", "machdep.cpu.brand_string"]) if platform.system() == "Darwin" else None
     return brand or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor string from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...), or ""
+    where there is none (macOS, an ARM board without the field)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def last_boot() -> datetime | None:

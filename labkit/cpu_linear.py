@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from . import backend, cpu_kernels
+from .cpu_info import cpu_vendor  # a name here, so tests can pretend another vendor
 from .cpu_blas import CORES, MAX_WORKERS, blas_matmul, on_every_core
 from .errors import FootprintError, LabError
 
@@ -70,19 +71,6 @@ NUMBA_SHARED_MIN_BYTES = 128 << 10
 # against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
 STREAMED_MIN_BYTES = 8 << 20
 STREAMED_ROWS = range(4, 12)
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor string from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...), or ""
-    where there is none (macOS, an ARM board without the field)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def mkl_packing_available() -> tuple[bool, str]:

@@ -3,7 +3,8 @@
     ops = choose_ops(None, torch.device("cpu"))   # TorchOps on the CPU, TritonOps on CUDA
     ops.linear(x, w); ops.prefill_attention(q, k, v); ops.decode_attention(q, cache, layer, ...)
 
-`TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`), torch's SDPA for
+`TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`) or, for many rows
+on an Intel CPU, torch's MKL (`linear`), torch's SDPA for
 prefill and for decode over a float cache, and a chunked online-softmax decode attention over an
 int8/fp8 cache, which upcasts a chunk at a time so the temporaries stay in the CPU caches and
 the memory traffic stays about the compact cache's bytes. `TritonOps` is the CUDA path (and
@@ -15,18 +16,34 @@ Shapes: x [..., in]; w [out, in]; prefill q [B, H, P, dh], k, v [B, Hkv, S, dh];
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from . import backend
+from . import backend, cpu_info
 from .cpu_blas import blas_matmul
 from .errors import LabError
 
 # The int8/fp8 decode attention's fp32 temporaries per chunk: small enough to stay in L2/L3
 # (chunks of tens of MiB spill to memory and ran several times slower).
 DECODE_CHUNK_BYTES = 2 << 20
+# From this many rows (a prefill, a chunk of one) an fp32 product on an Intel CPU goes to torch's own
+# BLAS, MKL, the library the calibration's matmul peak is measured with. On the lab's 2-core Xeon
+# (Emerald Rapids) VM it multiplied lab-cpu's four layer products faster than numpy's OpenBLAS at
+# every row count from 16 up: 64 rows 0.37 against 0.51 ms, 1,024 rows 5.0 against 6.0 ms; prefill
+# P = 2,048 took 109-118 ms against 125-143 (alternating processes). Fewer rows (a decode step
+# outside `cpu_decode`) keep OpenBLAS's column blocks for a large weight (`cpu_blas`), and other
+# CPUs keep OpenBLAS for all: torch's MKL streamed decode-shaped products slowly on the lab's AMD CPUs.
+MKL_MIN_ROWS = 32
+
+
+@functools.lru_cache(maxsize=1)
+def mkl_for_many_rows() -> bool:
+    """Whether `TorchOps.linear` multiplies many-row fp32 products with torch's MKL: an Intel CPU
+    and a torch built with MKL."""
+    return torch.backends.mkl.is_available() and cpu_info.cpu_vendor() == "GenuineIntel"
 
 
 class TorchOps:
@@ -40,9 +57,12 @@ class TorchOps:
         [in, out]-contiguous (see `model._param`) and multiplied by numpy's OpenBLAS
         (`cpu_blas.blas_matmul`): torch's MKL streams decode-shaped matmuls (a few rows, a weight
         far beyond cache) at a fraction of OpenBLAS's rate on the lab's AMD CPUs. Same
-        arithmetic, a faster library."""
+        arithmetic, a faster library. On an Intel CPU a product of `MKL_MIN_ROWS` rows or more
+        (prefill) runs on torch's MKL, which is faster there (see `MKL_MIN_ROWS`)."""
         wt = w.t()  # [in, out], a view
         if x.dtype == torch.float32 and x.device.type == "cpu" and wt.is_contiguous():
+            if x.numel() >= MKL_MIN_ROWS * x.shape[-1] and mkl_for_many_rows():
+                return F.linear(x, w)
             rows = x.reshape(-1, x.shape[-1]).contiguous()
             return torch.from_numpy(blas_matmul(rows.numpy(), wt.numpy())).view(*x.shape[:-1], w.shape[0])
         return F.linear(x, w)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import cpu_kernels, cpu_linear, decode_paths
+from labkit import cpu_info, cpu_kernels, cpu_linear, decode_paths, ops
 from labkit.model import Llama
 from labkit.specs import get_model
 
@@ -27,7 +27,7 @@ STEP_TOL = dict(atol=2e-5, rtol=2e-5)
 
 
 def fake_cpuinfo(text: str | None):
-    """`open` for cpu_linear: /proc/cpuinfo reads `text`, or is missing (None: macOS)."""
+    """`open` for cpu_info: /proc/cpuinfo reads `text`, or is missing (None: macOS)."""
     def fake_open(path, *args, **kwargs):
         if text is None:
             raise FileNotFoundError(path)
@@ -37,8 +37,11 @@ def fake_cpuinfo(text: str | None):
 
 @pytest.mark.parametrize("machine, cpuinfo", [("Apple silicon: no /proc", None), ("Graviton", GRAVITON)])
 def test_an_arm_cpu_has_no_vendor_and_gets_no_mkl_packing(monkeypatch, machine, cpuinfo):
-    monkeypatch.setattr(cpu_linear, "open", fake_cpuinfo(cpuinfo), raising=False)
-    assert cpu_linear.cpu_vendor() == ""
+    monkeypatch.setattr(cpu_info, "open", fake_cpuinfo(cpuinfo), raising=False)
+    ops.mkl_for_many_rows.cache_clear()
+    assert cpu_info.cpu_vendor() == "" and cpu_linear.cpu_vendor() == ""
+    assert not ops.mkl_for_many_rows(), "MKL for prefill's products on a CPU that is not Intel's"
+    ops.mkl_for_many_rows.cache_clear()  # the real answer again for the tests after this one
     ok, why = cpu_linear.mkl_packing_available()
     assert not ok and ("CPU vendor unknown" in why or "no MKL" in why or "no packed MKL" in why), why
     kind, reason = cpu_linear.choose_kind()
