@@ -8,6 +8,11 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     the weight into its own tiles first, and for a few rows that copy costs more than the product);
     `tile_2x4_linear` is its form for AVX2's 16 vector registers, asking for the rows ahead as it
     goes, for the weight that streams from memory at every step;
+  * a weight that streams from memory at every step (the LM head) meets 8-32 rows in
+    `panel_linear`: repacked once into panels of 16 output columns (`pack_panels`), each
+    [K, 16] contiguous, and multiplied by a register tile of 8 or 16 rows x 16 columns whose sums
+    stay in vector registers for the whole K loop (no reduction across a vector's lanes), asking
+    for the panels ahead as it goes;
   * decode attention reads the cache AS STORED and widens each value in registers
     (`decode_attention`): bf16 is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent
     and mantissa (its value times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale, so the bytes a step reads are the
@@ -37,11 +42,13 @@ K, V [B, Hkv, S_max, dh]; int8 scales [B, Hkv, S_max]; lengths [B].
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 try:
     import numba
-    from llvmlite import ir
+    from llvmlite import binding, ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic, overload
 except ImportError:  # the core installs without numba (a GPU image): the CPU step keeps numpy's path
@@ -55,6 +62,30 @@ PREFETCH_KEYS_AHEAD = 32
 # row: the hardware's prefetchers alone left the lab's 49,152 x 256 LM head streaming well under
 # the DRAM's rate once compute came between the loads (see `streamed_row_dot_linear`).
 PREFETCH_WEIGHT_BYTES_AHEAD = 32 << 10
+# `panel_linear`: output columns per panel (one 512-bit vector of fp32), rows per register tile (16
+# sums of 16 lanes fill half of AVX-512's 32 vector registers; 8 for the rows past the last 16), and
+# how many panels ahead a tile asks for (16 KiB each at K = 256: 64 KiB ahead, in L2 when it is read).
+PANEL_COLUMNS, PANEL_TILE_ROWS, PANEL_PREFETCH_AHEAD = 16, (16, 8), 4
+
+
+def pack_panels(w):
+    """w [N, K] (a linear's [out, in] weight, any strides) -> panels [ceil(N / 16), K, 16] fp32,
+    C-contiguous: panel p holds output columns 16 p .. 16 p + 15, row k their weights for input k
+    (columns past N are zeros). The layout `panel_linear` streams: each panel one contiguous run."""
+    N, K = w.shape
+    padded = np.zeros((-(-N // PANEL_COLUMNS) * PANEL_COLUMNS, K), np.float32)
+    padded[:N] = w
+    return np.ascontiguousarray(padded.reshape(-1, PANEL_COLUMNS, K).transpose(0, 2, 1))
+
+
+@functools.lru_cache(maxsize=1)
+def panels_in_registers() -> bool:
+    """Whether this CPU has AVX-512 (32 vector registers of 16 fp32), the registers `panel_linear`'s
+    16 x 16 tile is written for: elsewhere its sums spill to memory (AVX2 has 16 registers of 8),
+    so the panel product is chosen only here (`cpu_linear`); it is right everywhere (tested)."""
+    if not AVAILABLE:
+        return False
+    return "+avx512f" in binding.get_host_cpu_features().flatten().split(",")
 
 
 # ------------------------------------------------------------------ references (numpy)
@@ -323,6 +354,107 @@ if AVAILABLE:
                 out[b, j], out[b, j + 1], out[b, j + 2], out[b, j + 3] = a0, a1, a2, a3
             j += 4
         row_dot_linear(x, w, out, j, stop)  # the last, partial group
+
+    # ---- the panel product: x [B, K] (B a multiple of 8) @ panels [P, K, 16] -> out [B, 16 P]. Every
+    # step of K is one vector load of the panel's row k, then per row of the tile a broadcast of x[b, k]
+    # and one FMA into that row's 16 sums, which live in registers from k = 0 to K - 1 (an LLVM loop
+    # written out below: numba gives no vector types). One line of the panel PANEL_PREFETCH_AHEAD ahead
+    # is asked for per step of K, so the weight streams in while the tile multiplies.
+    def _panel_tile_codegen(rows):
+        def codegen(context, builder, signature, args):
+            x_type, _, panels_type, _, _, out_type = signature.args
+            x, panels, out = (context.make_array(t)(context, builder, a)
+                              for t, a in ((x_type, args[0]), (panels_type, args[2]), (out_type, args[5])))
+            i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+            vector = ir.VectorType(f32, PANEL_COLUMNS)
+            first_row, panel, last = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+            _, K = cgutils.unpack_tuple(builder, x.shape, 2)
+            _, N = cgutils.unpack_tuple(builder, out.shape, 2)
+            panel_values = builder.mul(K, i64(PANEL_COLUMNS))
+            x_rows = builder.gep(x.data, [builder.mul(first_row, K)])  # x[first_row, 0]
+            weights = builder.gep(panels.data, [builder.mul(panel, panel_values)])  # panels[panel, 0, 0]
+            ahead = builder.add(panel, i64(PANEL_PREFETCH_AHEAD))
+            ahead = builder.select(builder.icmp_signed("<", ahead, last), ahead, last)  # never past `last`
+            fetched = builder.gep(panels.data, [builder.mul(ahead, panel_values)])
+            byte = ir.IntType(8).as_pointer()
+            prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch.p0")
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                vector, [vector, vector, vector]), f"llvm.fmuladd.v{PANEL_COLUMNS}f32")
+            splat = ir.Constant(ir.VectorType(i32, PANEL_COLUMNS), [0] * PANEL_COLUMNS)
+            entry = builder.block
+            loop, done = builder.append_basic_block("panel_k"), builder.append_basic_block("panel_done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            k = builder.phi(i64)
+            k.add_incoming(i64(0), entry)
+            sums = []
+            for _ in range(rows):  # the tile's sums: zeros on entry, the last step's on every other
+                phi = builder.phi(vector)
+                phi.add_incoming(ir.Constant(vector, None), entry)
+                sums.append(phi)
+            offset = builder.mul(k, i64(PANEL_COLUMNS))
+            w = builder.load(builder.bitcast(builder.gep(weights, [offset]), vector.as_pointer()), align=4)
+            builder.call(prefetch, [builder.bitcast(builder.gep(fetched, [offset]), byte), i32(0), i32(3), i32(1)])
+            new = []
+            for r in range(rows):
+                value = builder.load(builder.gep(x_rows, [builder.add(builder.mul(i64(r), K), k)]))
+                broadcast = builder.shuffle_vector(builder.insert_element(ir.Constant(vector, ir.Undefined), value, i32(0)),
+                                                   ir.Constant(vector, ir.Undefined), splat)
+                new.append(builder.call(fma, [broadcast, w, sums[r]]))
+            k_next = builder.add(k, i64(1))
+            k.add_incoming(k_next, loop)
+            for phi, value in zip(sums, new):
+                phi.add_incoming(value, loop)
+            builder.cbranch(builder.icmp_signed("<", k_next, K), loop, done)
+            builder.position_at_end(done)
+            column = builder.mul(panel, i64(PANEL_COLUMNS))
+            for r, value in enumerate(new):
+                row = builder.add(first_row, i64(r))
+                target = builder.gep(out.data, [builder.add(builder.mul(row, N), column)])
+                builder.store(value, builder.bitcast(target, vector.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return codegen
+
+    def _panel_tile_signature(x, first_row, panels, panel, last, out):
+        """The tiles' argument check: fp32 C-contiguous x [B, K], panels [P, K, 16], out [B, 16 P]."""
+        ok = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" and a.ndim == n
+                 for a, n in ((x, 2), (panels, 3), (out, 2)))
+        return types.none(x, first_row, panels, panel, last, out) if ok else None
+
+    @intrinsic
+    def _panel_tile_16(typingctx, x, first_row, panels, panel, last, out):
+        """out[first_row : first_row + 16, 16 panel : 16 panel + 16] = those 16 rows of x @ the panel."""
+        sig = _panel_tile_signature(x, first_row, panels, panel, last, out)
+        return (sig, _panel_tile_codegen(16)) if sig is not None else None
+
+    @intrinsic
+    def _panel_tile_8(typingctx, x, first_row, panels, panel, last, out):
+        """As `_panel_tile_16`, for 8 rows."""
+        sig = _panel_tile_signature(x, first_row, panels, panel, last, out)
+        return (sig, _panel_tile_codegen(8)) if sig is not None else None
+
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def panel_linear(x, panels, out, first, stop):
+        """out[:, 16 first : 16 stop] of x [B, K] @ panels [P, K, 16] (`pack_panels`), B a multiple of
+        8 (callers pad x with zero rows), out [B, 16 P]: panels `first` .. `stop` - 1, each panel met
+        by tiles of 16 rows, then one of 8; the panel (16 KiB at K = 256) stays in L1 between them.
+        x, panels, out fp32 and C-contiguous."""
+        B = x.shape[0]
+        for panel in range(first, stop):
+            row = 0
+            while row + 16 <= B:
+                _panel_tile_16(x, row, panels, panel, stop - 1, out)
+                row += 16
+            if row < B:
+                _panel_tile_8(x, row, panels, panel, stop - 1, out)
+
+    @numba.njit(nogil=True, fastmath=True, parallel=True, cache=True)
+    def panel_linear_on_cores(x, panels, out, parts):
+        """`panel_linear` over all P panels in `parts` near-equal shares, one per numba thread."""
+        P = panels.shape[0]
+        for p in numba.prange(parts):
+            panel_linear(x, panels, out, P * p // parts, P * (p + 1) // parts)
 
     @numba.njit(nogil=True, fastmath=True, parallel=True, cache=True)
     def linear_on_cores(x, w, out, parts):

@@ -8,8 +8,10 @@ ways to do that are tried in this order, the first that applies is used:
 
   "mkl"    Intel CPUs with torch's MKL: MKL's own packed weight (cblas_sgemm_pack, the op
            inductor's `freezing` emits), packed once per batch size (the last `MKL_PACKS_KEPT`
-           sizes kept). Only there: torch's MKL streamed decode products slowly on the lab's
-           AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
+           sizes kept), but for the weight that streams from memory (the LM head) at `PANEL_ROWS`
+           rows on a CPU with AVX-512: numba's panel product (`Panels`), whose tiles keep the
+           weight streaming while they multiply. Only there: torch's MKL streamed decode products
+           slowly on the lab's AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
   "onednn" other CPUs with torch's oneDNN and numba (AMD, ARM): numba's kernels below
            `ONEDNN_MIN_ROWS` rows, where a product streams its weight, and oneDNN's packed weight
            (`torch.ops.mkldnn._reorder_linear_weight`, packed once per batch size as MKL's) from there up, where
@@ -71,6 +73,18 @@ NUMBA_SHARED_MIN_BYTES = 128 << 10
 # against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
 STREAMED_MIN_BYTES = 8 << 20
 STREAMED_ROWS = range(4, 12)
+# ... and on an Intel CPU with AVX-512, for PANEL_ROWS rows, numba's panel product over a panel copy
+# of it (`cpu_kernels.panel_linear`) instead of MKL's packed weight: MKL's kernel for a few rows keeps
+# the cores waiting on memory once the weight is not in the L3, as in a decode step whose cache pushes
+# it out. The 49,152 x 256 head alone on the 2-core Xeon (Emerald Rapids) VM, fastest of 8, weights in
+# the L3 / just read back from memory (a 600 MiB sweep between): B = 8 0.94-1.01 / 1.13-1.21 ms against
+# MKL's 1.05-1.33 / 2.3-2.6; B = 16 1.57-1.61 / 1.76 against 1.74-1.78 / 2.86-3.18; B = 32 3.15-3.18 /
+# 3.47 against 2.89-3.47 / 3.9-4.4. The decode step at S = 1,024 (`sweeps.measure_decode`, 4 rounds
+# alternating in one process, medians): B = 8 3.41 against 4.19 ms, 16 6.37 against 7.27, 24 9.34
+# against 9.92, 32 12.38 against 12.12 (so not from 25 rows, where the arithmetic sets the time); at
+# B = 16, S = 4,096: fp32 15.2 against 16.3, bf16 10.7 against 11.8, fp8 8.9 against 10.1, int8 8.5
+# against 9.5.
+PANEL_ROWS = range(8, 25)
 
 
 def mkl_packing_available() -> tuple[bool, str]:
@@ -109,8 +123,11 @@ def packed(kind: str, weight_bytes: int) -> bool:
 
 
 def pack_bytes(kind: str, weight_sizes) -> int:
-    """Resident bytes of one batch size's packs of weights of `weight_sizes` bytes (0: `kind` packs none)."""
-    return int(PACK_BYTES_PER_WEIGHT_BYTE.get(kind, 0) * sum(n for n in weight_sizes if packed(kind, n)))
+    """Resident bytes of one batch size's packs of weights of `weight_sizes` bytes (0: `kind` packs
+    none), and for "mkl" the panel copies of its streamed weights (`Panels`), kept across batch sizes."""
+    packs = PACK_BYTES_PER_WEIGHT_BYTE.get(kind, 0) * sum(n for n in weight_sizes if packed(kind, n))
+    panels = sum(n for n in weight_sizes if Panels.applies(n)) if kind == "mkl" else 0
+    return int(packs + panels)
 
 
 def packing_fits(kind: str, weight_sizes) -> tuple[bool, str]:
@@ -213,7 +230,10 @@ class MklProducts:
 
     def __init__(self, weights, reason):
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
-        self.reason = reason
+        self.panels = Panels(self.weights)  # the streamed weights at PANEL_ROWS rows, where it applies
+        self.reason = reason + (f"; numba's panel product for weights of {STREAMED_MIN_BYTES >> 20} MiB and "
+                                f"more at {PANEL_ROWS.start}-{PANEL_ROWS.stop - 1} rows (AVX-512)"
+                                if any(self.panels.paneled) else "")
         self.packs = PacksByRows(self._pack)  # batch size -> per weight its pack
 
     def threads(self):
@@ -221,13 +241,49 @@ class MklProducts:
         return _TorchThreads(min(CORES, MAX_WORKERS))
 
     def _pack(self, rows: int) -> list:
-        """Per weight, its pack for `rows` rows."""
-        return [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in self.weights]
+        """Per weight, its pack for `rows` rows (None: the panel product multiplies it)."""
+        return [None if self.panels.takes(i, rows) else torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+                for i, w in enumerate(self.weights)]
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
+        if self.panels.takes(i, rows):
+            return self.panels(i, x)
         packed, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkl._mkl_linear(xt, packed, self.weights[i], None, rows).numpy()
+
+
+class Panels:
+    """numba's panel product (`cpu_kernels.panel_linear`) for the weights that stream from memory
+    (`STREAMED_MIN_BYTES` and more) at `PANEL_ROWS` rows, on a CPU with AVX-512: each such weight
+    copied once into panels on first use (its bytes again, kept across batch sizes), x padded with
+    zero rows to a multiple of 8, the panels shared out on numba's pool. Elsewhere it takes none."""
+
+    def __init__(self, weights):
+        self.weights = weights  # torch [out, in]
+        self.paneled = [self.applies(w.numel() * w.element_size()) for w in weights]
+        self.packed: dict[int, np.ndarray] = {}  # weight index -> its panels [ceil(out / 16), in, 16]
+
+    @staticmethod
+    def applies(weight_bytes: int) -> bool:
+        """Whether a weight of `weight_bytes` gets a panel copy on this CPU."""
+        return weight_bytes >= STREAMED_MIN_BYTES and cpu_kernels.panels_in_registers()
+
+    def takes(self, i: int, rows: int) -> bool:
+        """Whether product `i` at `rows` rows is the panel product's."""
+        return self.paneled[i] and rows in PANEL_ROWS
+
+    def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
+        """x [B, in] @ weights[i].T -> [B, out] fp32 (a view of a padded result)."""
+        panels = self.packed.get(i)
+        if panels is None:
+            panels = self.packed[i] = cpu_kernels.pack_panels(self.weights[i].numpy())
+        rows, step = x.shape[0], min(cpu_kernels.PANEL_TILE_ROWS)
+        padded = np.zeros((-(-rows // step) * step, x.shape[1]), np.float32)
+        padded[:rows] = x
+        out = np.empty((padded.shape[0], panels.shape[0] * cpu_kernels.PANEL_COLUMNS), np.float32)
+        cpu_kernels.panel_linear_on_cores(padded, panels, out, min(CORES, MAX_WORKERS))
+        return out[:rows, :self.weights[i].shape[0]]
 
 
 def _block(n: int, part: int, parts: int) -> slice:

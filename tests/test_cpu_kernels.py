@@ -53,6 +53,37 @@ def test_tile_2x4_linear_equals_its_reference(rows, out_features):
     assert_close(out, ref, f"tile_2x4_linear, {rows} x 96 @ 96 x {out_features}")
 
 
+def test_pack_panels_lays_out_each_16_columns_contiguously_with_zeros_past_the_end():
+    w = rng(11).standard_normal((40, 24), dtype=np.float32)
+    panels = cpu_kernels.pack_panels(w.T.copy().T)  # any strides in: [in, out] storage here
+    assert panels.shape == (3, 24, 16) and panels.flags.c_contiguous and panels.dtype == np.float32
+    p, k, c = np.meshgrid(np.arange(3), np.arange(24), np.arange(16), indexing="ij")
+    column = 16 * p + c
+    inside = column < 40
+    np.testing.assert_array_equal(panels[inside], w[column[inside], k[inside]])
+    assert not panels[~inside].any(), "the 8 columns past N = 40 must be zeros"
+
+
+@pytest.mark.parametrize("rows", [8, 16, 24, 32, 40])
+@pytest.mark.parametrize("out_features", [16, 40, 257])
+def test_panel_linear_equals_its_reference(rows, out_features):
+    """Tiles of 16 rows, then one of 8 (24, 40 rows), over two uneven shares of the panels (each
+    share's prefetch stops at its own end) and on the cores; a padded last panel (40, 257)."""
+    x = rng(12).standard_normal((rows, 96), dtype=np.float32)
+    w = rng(13).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
+    ref = cpu_kernels.few_rows_linear_reference(x, w)
+    panels = cpu_kernels.pack_panels(w)
+    out = np.full((rows, 16 * panels.shape[0]), np.nan, np.float32)
+    middle = panels.shape[0] // 3
+    cpu_kernels.panel_linear(x, panels, out, 0, middle)
+    cpu_kernels.panel_linear(x, panels, out, middle, panels.shape[0])
+    assert_close(out[:, :out_features], ref, f"panel_linear, {rows} x 96 @ 96 x {out_features}")
+    assert not out[:, out_features:].any(), "the padded columns are the zero weights' products"
+    again = np.full_like(out, np.nan)
+    cpu_kernels.panel_linear_on_cores(x, panels, again, 2)
+    np.testing.assert_array_equal(again, out)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 13, 16])
 @pytest.mark.parametrize("out_features", [4, 10, 257])
 def test_linear_columns_and_on_cores_equal_the_reference(rows, out_features):
@@ -190,6 +221,32 @@ def test_numba_streams_a_large_weight_for_a_few_rows(rows, monkeypatch):
 
 
 @pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
+@pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
+def test_mkl_hands_a_streamed_weight_at_panel_rows_to_the_panel_product(monkeypatch, registers):
+    """With AVX-512, a weight of STREAMED_MIN_BYTES and more at PANEL_ROWS rows is multiplied by
+    the panel product (and gets no MKL pack there); every other product, and every product
+    without AVX-512, by MKL. Each against the reference, rows padded to the tile as they need."""
+    calls = []
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
+    monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", 1025 * 96 * 4)
+    real = cpu_kernels.panel_linear_on_cores
+    monkeypatch.setattr(cpu_kernels, "panel_linear_on_cores", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    big, small = torch.randn(1025, 96, generator=torch.Generator().manual_seed(9)), WEIGHTS[0]
+    products = cpu_linear.prepare([big, small], "mkl")
+    assert ("panel product" in products.reason) == registers, products.reason
+    expected = []
+    for rows in (5, 8, 13, 16, 24, 25):
+        x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
+        with products.threads():
+            for i, w in enumerate((big, small)):
+                assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
+        paneled = registers and rows in cpu_linear.PANEL_ROWS
+        expected += [-(-rows // 8) * 8] if paneled else []
+        assert (products.packs[rows][0] is None) == paneled and products.packs[rows][1] is not None
+    assert calls == expected
+
+
+@pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
 def test_mkl_keeps_the_packs_of_the_last_batch_sizes():
     products = cpu_linear.prepare(WEIGHTS, "mkl")
     for rows in (1, 4, 16, 4):
@@ -256,8 +313,13 @@ def test_a_pack_too_big_for_memory_is_never_made(monkeypatch):
     small = cpu_linear.ONEDNN_MIN_WEIGHT_BYTES - 1  # a layer's weight: numba's, never packed by oneDNN
     assert cpu_linear.pack_bytes("onednn", [small] * 100) == 0 < cpu_linear.pack_bytes("mkl", [small])
     monkeypatch.setattr(cpu_linear, "mkl_packing_available", lambda: (True, "torch's MKL"))
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: False)
     kind, why = cpu_linear.choose_kind(weight_sizes=[2 * gib])  # MKL's copy (4 GiB) too big, oneDNN's fits
     assert kind == "onednn" and "MKL's packed copy of the weights needs 4.0 GiB" in why
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)  # AVX-512: the head's panels too
+    assert cpu_linear.pack_bytes("mkl", [2 * gib, small]) == 3 * (2 * gib) + 2 * small
+    kind, why = cpu_linear.choose_kind(weight_sizes=[2 * gib])
+    assert kind == "onednn" and "MKL's packed copy of the weights needs 6.0 GiB" in why
     assert cpu_linear.choose_kind("onednn", weight_sizes=[5 * gib])[0] == "onednn"
 
 
