@@ -8,9 +8,9 @@ ways to do that are tried in this order, the first that applies is used:
 
   "mkl"    Intel CPUs with torch's MKL: MKL's own packed weight (cblas_sgemm_pack, the op
            inductor's `freezing` emits), packed once per batch size (the last `MKL_PACKS_KEPT`
-           sizes kept), but for the weight that streams from memory (the LM head) at `PANEL_ROWS`
-           rows on a CPU with AVX-512: numba's panel product (`Panels`), whose tiles keep the
-           weight streaming while they multiply. Only there: torch's MKL streamed decode products
+           sizes kept); on a CPU with AVX-512, up to `MKL_FEW_ROWS` rows go to numba's products
+           with their panel product instead (`Panels`: the whole step then runs on numba's
+           threads, see `MKL_FEW_ROWS`). Only on Intel: torch's MKL streamed decode products
            slowly on the lab's AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
   "onednn" other CPUs with torch's oneDNN and numba (AMD, ARM): numba's kernels below
            `ONEDNN_MIN_ROWS` rows, where a product streams its weight, and oneDNN's packed weight
@@ -20,7 +20,8 @@ ways to do that are tried in this order, the first that applies is used:
   "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.linear_columns` over a contiguous
            [out, in] copy of each weight, the loop chosen by the number of rows, and a weight that
            streams from memory (the LM head) for 4-11 rows by `cpu_kernels.tile_2x4_linear`,
-           which prefetches the rows ahead;
+           which prefetches the rows ahead; on a CPU with AVX-512 the panel product instead from
+           `PANEL_MIN_ROWS` rows (from `PANEL_MIN_ROWS_STREAMED` for a streamed weight);
   "blas"   without numba: numpy's OpenBLAS on the model's own weights (`cpu_blas.blas_matmul`),
            the step as it was before the other two.
 
@@ -73,18 +74,24 @@ NUMBA_SHARED_MIN_BYTES = 128 << 10
 # against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
 STREAMED_MIN_BYTES = 8 << 20
 STREAMED_ROWS = range(4, 12)
-# ... and on an Intel CPU with AVX-512, for PANEL_ROWS rows, numba's panel product over a panel copy
-# of it (`cpu_kernels.panel_linear`) instead of MKL's packed weight: MKL's kernel for a few rows keeps
-# the cores waiting on memory once the weight is not in the L3, as in a decode step whose cache pushes
-# it out. The 49,152 x 256 head alone on the 2-core Xeon (Emerald Rapids) VM, fastest of 8, weights in
-# the L3 / just read back from memory (a 600 MiB sweep between): B = 8 0.94-1.01 / 1.13-1.21 ms against
-# MKL's 1.05-1.33 / 2.3-2.6; B = 16 1.57-1.61 / 1.76 against 1.74-1.78 / 2.86-3.18; B = 32 3.15-3.18 /
-# 3.47 against 2.89-3.47 / 3.9-4.4. The decode step at S = 1,024 (`sweeps.measure_decode`, 4 rounds
-# alternating in one process, medians): B = 8 3.41 against 4.19 ms, 16 6.37 against 7.27, 24 9.34
-# against 9.92, 32 12.38 against 12.12 (so not from 25 rows, where the arithmetic sets the time); at
-# B = 16, S = 4,096: fp32 15.2 against 16.3, bf16 10.7 against 11.8, fp8 8.9 against 10.1, int8 8.5
-# against 9.5.
-PANEL_ROWS = range(8, 25)
+# On a CPU with AVX-512 (`cpu_kernels.panels_in_registers`), numba's products multiply from 8 rows
+# (4 for a streamed weight, its rows padded to 8) by the panel product over a panel copy of each
+# weight (`Panels`), whose 16 x 16 register tiles keep the weight streaming while they multiply,
+# where MKL's kernel for a few rows kept the cores waiting on memory once the decode step's cache
+# had pushed the head out of the L3. The 49,152 x 256 head alone on the 2-core Xeon (Emerald
+# Rapids) VM, fastest of 8, in the L3 / just read back from memory (a 600 MiB sweep between): B = 8
+# 0.94-1.01 / 1.13-1.21 ms against MKL's 1.05-1.33 / 2.3-2.6; B = 16 1.57-1.61 / 1.76 against
+# 1.74-1.78 / 2.86-3.18; B = 32 3.15-3.18 / 3.47 against 2.89-3.47 / 3.9-4.4.
+PANEL_MIN_ROWS, PANEL_MIN_ROWS_STREAMED = 8, 4
+# ... and so the "mkl" kind hands up to this many rows to numba's products where the panel product
+# applies: the step's products and its attention then share numba's threads, where MKL's (torch's
+# OpenMP) and numba's two pools otherwise hand the cores back and forth ~10 times a step. Whole
+# decode steps at S = 1,024 (`sweeps.measure_decode`, fastest of 3, two alternating processes each),
+# numba's products with panels against MKL's: B = 1 1.68-1.70 against 1.76-1.77 ms, 4 2.27-2.30
+# against 2.35-2.44, 8 2.78-2.82 against 2.97-3.08, 12 4.41-4.67 against 4.66-4.91, 16 5.12 against
+# 5.34-5.69; from 24 rows MKL's were as fast or faster (24: 8.95-9.26 against 8.62-9.33; 32:
+# 12.3-12.5 against 11.2-11.4; 64: 22.6-23.1 against 20.4-20.8), where the arithmetic sets the time.
+MKL_FEW_ROWS = 16
 
 
 def mkl_packing_available() -> tuple[bool, str]:
@@ -124,10 +131,8 @@ def packed(kind: str, weight_bytes: int) -> bool:
 
 def pack_bytes(kind: str, weight_sizes) -> int:
     """Resident bytes of one batch size's packs of weights of `weight_sizes` bytes (0: `kind` packs
-    none), and for "mkl" the panel copies of its streamed weights (`Panels`), kept across batch sizes."""
-    packs = PACK_BYTES_PER_WEIGHT_BYTE.get(kind, 0) * sum(n for n in weight_sizes if packed(kind, n))
-    panels = sum(n for n in weight_sizes if Panels.applies(n)) if kind == "mkl" else 0
-    return int(packs + panels)
+    none). The panel product's copies are `Panels`' own, checked when they are made."""
+    return int(PACK_BYTES_PER_WEIGHT_BYTE.get(kind, 0) * sum(n for n in weight_sizes if packed(kind, n)))
 
 
 def packing_fits(kind: str, weight_sizes) -> tuple[bool, str]:
@@ -230,10 +235,10 @@ class MklProducts:
 
     def __init__(self, weights, reason):
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
-        self.panels = Panels(self.weights)  # the streamed weights at PANEL_ROWS rows, where it applies
-        self.reason = reason + (f"; numba's panel product for weights of {STREAMED_MIN_BYTES >> 20} MiB and "
-                                f"more at {PANEL_ROWS.start}-{PANEL_ROWS.stop - 1} rows (AVX-512)"
-                                if any(self.panels.paneled) else "")
+        # up to MKL_FEW_ROWS rows: numba's products with the panel product, where that applies
+        self.few = NumbaProducts(weights, reason) if cpu_kernels.panels_in_registers() else None
+        self.reason = reason + (f"; up to {MKL_FEW_ROWS} rows numba's products with the panel product (AVX-512)"
+                                if self.few else "")
         self.packs = PacksByRows(self._pack)  # batch size -> per weight its pack
 
     def threads(self):
@@ -241,37 +246,45 @@ class MklProducts:
         return _TorchThreads(min(CORES, MAX_WORKERS))
 
     def _pack(self, rows: int) -> list:
-        """Per weight, its pack for `rows` rows (None: the panel product multiplies it)."""
-        return [None if self.panels.takes(i, rows) else torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
-                for i, w in enumerate(self.weights)]
+        """Per weight, its pack for `rows` rows."""
+        return [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in self.weights]
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if self.panels.takes(i, rows):
-            return self.panels(i, x)
+        if self.few is not None and rows <= MKL_FEW_ROWS and self.few.panels.enabled:
+            return self.few(i, x)
         packed, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkl._mkl_linear(xt, packed, self.weights[i], None, rows).numpy()
 
 
 class Panels:
-    """numba's panel product (`cpu_kernels.panel_linear`) for the weights that stream from memory
-    (`STREAMED_MIN_BYTES` and more) at `PANEL_ROWS` rows, on a CPU with AVX-512: each such weight
-    copied once into panels on first use (its bytes again, kept across batch sizes), x padded with
-    zero rows to a multiple of 8, the panels shared out on numba's pool. Elsewhere it takes none."""
+    """numba's panel product (`cpu_kernels.panel_linear`) on a CPU with AVX-512, for
+    `PANEL_MIN_ROWS` rows and more (`PANEL_MIN_ROWS_STREAMED` for a weight of `STREAMED_MIN_BYTES`
+    and more): each weight copied into panels on its first such product (its bytes again, kept
+    across batch sizes; predicted against free memory before the first copy, and none made, saying
+    why, where they would not fit), x padded with zero rows to a multiple of 8, the panels shared
+    out on numba's pool. Without AVX-512 it takes no product."""
 
     def __init__(self, weights):
-        self.weights = weights  # torch [out, in]
-        self.paneled = [self.applies(w.numel() * w.element_size()) for w in weights]
+        self.weights = weights  # torch [out, in], any strides
+        self.enabled = cpu_kernels.panels_in_registers()
+        self.why_not = "" if self.enabled else "no AVX-512"
         self.packed: dict[int, np.ndarray] = {}  # weight index -> its panels [ceil(out / 16), in, 16]
-
-    @staticmethod
-    def applies(weight_bytes: int) -> bool:
-        """Whether a weight of `weight_bytes` gets a panel copy on this CPU."""
-        return weight_bytes >= STREAMED_MIN_BYTES and cpu_kernels.panels_in_registers()
 
     def takes(self, i: int, rows: int) -> bool:
         """Whether product `i` at `rows` rows is the panel product's."""
-        return self.paneled[i] and rows in PANEL_ROWS
+        streamed = self.weights[i].numel() * self.weights[i].element_size() >= STREAMED_MIN_BYTES
+        return self.enabled and rows >= (PANEL_MIN_ROWS_STREAMED if streamed else PANEL_MIN_ROWS)
+
+    def fits(self) -> bool:
+        """Whether the panel copies fit in free memory (asked once, before the first is made);
+        where they do not, the panel product is off for good and `why_not` says why."""
+        if not self.packed:
+            try:
+                backend.check_fits(sum(w.numel() * 4 for w in self.weights), "cpu", "the panel copies of the weights")
+            except FootprintError as err:
+                self.enabled, self.why_not = False, str(err).split("; ")[0]
+        return self.enabled
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         """x [B, in] @ weights[i].T -> [B, out] fp32 (a view of a padded result)."""
@@ -308,13 +321,17 @@ class _TorchThreads:
 
 
 class NumbaProducts:
-    """`cpu_kernels.few_rows_linear` over a contiguous [out, in] copy of each weight."""
+    """`cpu_kernels.few_rows_linear` over a contiguous [out, in] copy of each weight, and on a CPU
+    with AVX-512 the panel product from `PANEL_MIN_ROWS` rows (`Panels`)."""
 
     name = "numba"
 
     def __init__(self, weights, reason):
         self.weights = [np.ascontiguousarray(w.detach().numpy()) for w in weights]  # [out, in]
-        self.reason = reason
+        self.panels = Panels([w.detach() for w in weights])
+        self.reason = reason + (f"; the panel product from {PANEL_MIN_ROWS} rows ({PANEL_MIN_ROWS_STREAMED} for "
+                                f"weights of {STREAMED_MIN_BYTES >> 20} MiB and more: AVX-512)"
+                                if self.panels.enabled else "")
 
     def threads(self):
         """A context for the step's products: nothing to set (the kernel runs where it is called)."""
@@ -323,6 +340,8 @@ class NumbaProducts:
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         """x @ w.T: a small product on this thread (even numba's hand-off costs more than it
         saves), any other on every core through numba's own pool (`cpu_kernels.linear_on_cores`)."""
+        if self.panels.takes(i, x.shape[0]) and self.panels.fits():
+            return self.panels(i, x)
         w, x = self.weights[i], np.ascontiguousarray(x)
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
         if w.nbytes >= STREAMED_MIN_BYTES and x.shape[0] in STREAMED_ROWS and CORES > 1:

@@ -208,8 +208,10 @@ def test_each_kind_of_products_equals_the_reference(kind, rows, monkeypatch):
 def test_numba_streams_a_large_weight_for_a_few_rows(rows, monkeypatch):
     """A weight of STREAMED_MIN_BYTES and more, for STREAMED_ROWS rows, goes to the prefetching
     2 x 4 tile shared out on the Python pool (its 1,025 rows end in a partial group); other row
-    counts to `linear_on_cores`. Both against the reference."""
+    counts to `linear_on_cores`. Both against the reference. (Without AVX-512: with it, the panel
+    product takes these rows, tested below.)"""
     calls = []
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: False)
     monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", 1025 * 96 * 4)
     monkeypatch.setattr(cpu_linear, "CORES", 2)
     monkeypatch.setattr(cpu_linear, "on_every_core", lambda run, parts: calls.append(parts) or [run(p) for p in range(parts)])
@@ -220,34 +222,74 @@ def test_numba_streams_a_large_weight_for_a_few_rows(rows, monkeypatch):
     assert calls == ([2] if rows in cpu_linear.STREAMED_ROWS else [])
 
 
-@pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
-@pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
-def test_mkl_hands_a_streamed_weight_at_panel_rows_to_the_panel_product(monkeypatch, registers):
-    """With AVX-512, a weight of STREAMED_MIN_BYTES and more at PANEL_ROWS rows is multiplied by
-    the panel product (and gets no MKL pack there); every other product, and every product
-    without AVX-512, by MKL. Each against the reference, rows padded to the tile as they need."""
-    calls = []
-    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
-    monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", 1025 * 96 * 4)
-    real = cpu_kernels.panel_linear_on_cores
+def spy_panels(monkeypatch) -> list:
+    """Record the (padded) rows of every panel product."""
+    calls, real = [], cpu_kernels.panel_linear_on_cores
     monkeypatch.setattr(cpu_kernels, "panel_linear_on_cores", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
-    big, small = torch.randn(1025, 96, generator=torch.Generator().manual_seed(9)), WEIGHTS[0]
-    products = cpu_linear.prepare([big, small], "mkl")
+    return calls
+
+
+BIG = torch.randn(1025, 96, generator=torch.Generator().manual_seed(9))  # "streamed" below: STREAMED_MIN_BYTES set to its size
+
+
+@pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
+def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, registers):
+    """With AVX-512, numba's products multiply by the panel product from PANEL_MIN_ROWS rows, and
+    a streamed weight from PANEL_MIN_ROWS_STREAMED (rows padded to 8); below, and without AVX-512,
+    by their own loops. Each against the reference."""
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
+    monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
+    calls = spy_panels(monkeypatch)
+    products = cpu_linear.prepare([BIG, WEIGHTS[0]], "numba")
     assert ("panel product" in products.reason) == registers, products.reason
     expected = []
-    for rows in (5, 8, 13, 16, 24, 25):
+    for rows in (1, 3, 4, 5, 7, 8, 13, 16, 24, 33):
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
-        with products.threads():
-            for i, w in enumerate((big, small)):
-                assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
-        paneled = registers and rows in cpu_linear.PANEL_ROWS
-        expected += [-(-rows // 8) * 8] if paneled else []
-        assert (products.packs[rows][0] is None) == paneled and products.packs[rows][1] is not None
+        for i, (w, first) in enumerate(((BIG, cpu_linear.PANEL_MIN_ROWS_STREAMED), (WEIGHTS[0], cpu_linear.PANEL_MIN_ROWS))):
+            assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
+            expected += [-(-rows // 8) * 8] if registers and rows >= first else []
     assert calls == expected
+    assert sorted(products.panels.packed) == ([0, 1] if registers else [])
 
 
 @pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
-def test_mkl_keeps_the_packs_of_the_last_batch_sizes():
+@pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
+def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(monkeypatch, registers):
+    """With AVX-512, up to MKL_FEW_ROWS rows go to numba's products (the panel product from its
+    rows) and MKL packs only for more rows; without, MKL multiplies every product."""
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
+    monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
+    calls = spy_panels(monkeypatch)
+    products = cpu_linear.prepare([BIG, WEIGHTS[0]], "mkl")
+    assert ("panel product" in products.reason) == registers, products.reason
+    packed_for = []
+    for rows in (1, 5, 8, 16, 17, 24):
+        x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
+        with products.threads():
+            for i, w in enumerate((BIG, WEIGHTS[0])):
+                assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
+        packed_for += list(products.packs)
+    few = [rows for rows in (1, 5, 8, 16, 17, 24) if registers and rows <= cpu_linear.MKL_FEW_ROWS]
+    assert sorted(set(packed_for)) == [rows for rows in (1, 5, 8, 16, 17, 24) if rows not in few]
+    assert calls == ([8, 8, 8, 16, 16] if registers else [])  # BIG from 4 rows, the small weight from 8
+
+
+def test_panel_copies_that_do_not_fit_are_never_made(monkeypatch):
+    """Predicted against free memory before the first copy: too big, and the panel product is off
+    for good, saying why, and the products stay right."""
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 1000)
+    calls = spy_panels(monkeypatch)
+    products = cpu_linear.prepare(WEIGHTS, "numba")
+    x = rng(16).standard_normal((16, 96), dtype=np.float32)
+    assert_close(products(0, x), cpu_kernels.few_rows_linear_reference(x, WEIGHTS[0].numpy()), "16 rows")
+    assert calls == [] and not products.panels.packed and not products.panels.enabled
+    assert "the panel copies of the weights needs" in products.panels.why_not, products.panels.why_not
+
+
+@pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
+def test_mkl_keeps_the_packs_of_the_last_batch_sizes(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: False)  # MKL for every row count
     products = cpu_linear.prepare(WEIGHTS, "mkl")
     for rows in (1, 4, 16, 4):
         products(0, np.ones((rows, 96), np.float32))
@@ -313,13 +355,8 @@ def test_a_pack_too_big_for_memory_is_never_made(monkeypatch):
     small = cpu_linear.ONEDNN_MIN_WEIGHT_BYTES - 1  # a layer's weight: numba's, never packed by oneDNN
     assert cpu_linear.pack_bytes("onednn", [small] * 100) == 0 < cpu_linear.pack_bytes("mkl", [small])
     monkeypatch.setattr(cpu_linear, "mkl_packing_available", lambda: (True, "torch's MKL"))
-    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: False)
     kind, why = cpu_linear.choose_kind(weight_sizes=[2 * gib])  # MKL's copy (4 GiB) too big, oneDNN's fits
     assert kind == "onednn" and "MKL's packed copy of the weights needs 4.0 GiB" in why
-    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)  # AVX-512: the head's panels too
-    assert cpu_linear.pack_bytes("mkl", [2 * gib, small]) == 3 * (2 * gib) + 2 * small
-    kind, why = cpu_linear.choose_kind(weight_sizes=[2 * gib])
-    assert kind == "onednn" and "MKL's packed copy of the weights needs 6.0 GiB" in why
     assert cpu_linear.choose_kind("onednn", weight_sizes=[5 * gib])[0] == "onednn"
 
 
