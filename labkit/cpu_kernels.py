@@ -14,7 +14,8 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     stay in vector registers for the whole K loop (no reduction across a vector's lanes), asking
     for the panels ahead as it goes;
   * decode attention reads the cache AS STORED and widens each value in registers
-    (`decode_attention`): bf16 is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent
+    (`decode_attention`; for G = 2 as vector code written out in LLVM IR: 8 keys' dot products
+    summed across their lanes together, and the values' running sums kept in registers): bf16 is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent
     and mantissa (its value times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale, so the bytes a step reads are the
     bytes `roofline.kv_bytes_per_token` counts, not an fp32 copy made first;
   * the elementwise work between them (RMS norm, RoPE, SwiGLU) is a few vectors per row, where a
@@ -66,6 +67,9 @@ PREFETCH_WEIGHT_BYTES_AHEAD = 32 << 10
 # sums of 16 lanes fill half of AVX-512's 32 vector registers; 8 for the rows past the last 16), and
 # how many panels ahead a tile asks for (16 KiB each at K = 256: 64 KiB ahead, in L2 when it is read).
 PANEL_COLUMNS, PANEL_TILE_ROWS, PANEL_PREFETCH_AHEAD = 16, (16, 8), 4
+# Head sizes whose G = 2 attention runs as vector code written out below (`_pair_scores_8`,
+# `_pair_values_dh`: a row of K or V is one vector of dh values); other sizes keep the scalar loops.
+VECTOR_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def pack_panels(w):
@@ -500,6 +504,194 @@ if AVAILABLE:
             decode_attention(q, k, v, per_token, k_scale, v_scale, k_scale_all, v_scale_all, lengths, out,
                              units * p // parts, units * (p + 1) // parts)
 
+    # ---- G = 2 attention as vector code (LLVM IR; numba gives no vector types). A row of K or V is
+    # loaded as one <dh x stored> vector and widened as `widen` does, lane by lane (`_widen_vector`).
+    # K pass: for 8 keys, q0 * k and q1 * k are folded to 16 lanes each, and the 8 keys' 16-lane sums
+    # are added across their lanes together by 4 rounds of shuffles (`_sum_lanes_of_8`): about 3
+    # instructions a key where one key's own reduction took 8. V pass: o0, o1 stay in registers over
+    # every key, one FMA each per key, the row PREFETCH_KEYS_AHEAD ahead asked for.
+    _STORED_IR = {types.float32: ("fp32", ir.FloatType()), types.uint16: ("bf16", ir.IntType(16)),
+                  types.int16: ("fp16", ir.IntType(16)), types.uint8: ("fp8", ir.IntType(8)),
+                  types.int8: ("int8", ir.IntType(8))}
+    _FAST = ("fast",)
+    _ROW_BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+    def _widen_vector(builder, raw, kind, n):
+        """<n x stored> -> <n x float>, bit for bit `widen` (fp8 in units of 2^-8, see `widen`)."""
+        i16, i32, f32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
+        if kind == "fp32":
+            return raw
+        if kind == "bf16":  # the high half of an fp32
+            wide = builder.shl(builder.zext(raw, ir.VectorType(i32, n)), ir.Constant(ir.VectorType(i32, n), [16] * n))
+            return builder.bitcast(wide, ir.VectorType(f32, n))
+        if kind == "fp16":
+            return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), n)), ir.VectorType(f32, n))
+        if kind == "int8":
+            return builder.sitofp(raw, ir.VectorType(f32, n))
+        wide = builder.shl(builder.sext(raw, ir.VectorType(i16, n)), ir.Constant(ir.VectorType(i16, n), [7] * n))
+        wide = builder.and_(wide, ir.Constant(ir.VectorType(i16, n), [-0x4080] * n))  # fp8: as `widen`
+        return builder.fpext(builder.bitcast(wide, ir.VectorType(ir.HalfType(), n)), ir.VectorType(f32, n))
+
+    def _shuffle(builder, a, b, lanes):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes))
+
+    def _row_bytes(builder, array, row):
+        """An i8* to row `row` of a [rows, dh] array whose rows are contiguous (any row stride)."""
+        stride = cgutils.unpack_tuple(builder, array.strides, 2)[0]
+        return builder.gep(builder.bitcast(array.data, ir.IntType(8).as_pointer()), [builder.mul(row, stride)])
+
+    def _load_row(builder, array, row, dh, element):
+        """Row `row` of a [rows, dh] array (its rows contiguous) as one <dh x element> vector."""
+        pointer = _row_bytes(builder, array, row)
+        return builder.load(builder.bitcast(pointer, ir.VectorType(element, dh).as_pointer()), align=1)
+
+    def _fold_to_16(builder, v, dh):
+        """<dh x float> -> <16 x float>: its dh / 16 runs of 16 lanes added."""
+        runs = [_shuffle(builder, v, v, list(range(c, c + 16))) for c in range(0, dh, 16)]
+        while len(runs) > 1:
+            runs = [builder.fadd(runs[i], runs[i + 1], flags=_FAST) for i in range(0, len(runs), 2)]
+        return runs[0]
+
+    def _sum_lanes_of_8(builder, vectors):
+        """8 vectors <16 x float> -> one <8 x float> whose lane j is the sum of vectors[j]'s lanes.
+        Each round pairs the vectors up and keeps, of each key's `width` partial sums, the first
+        half plus the second: 16 partials a key in 8 vectors, then 8 in 4, 4 in 2, 2 in 1."""
+        width = 16
+        while len(vectors) > 1:
+            groups = 16 // width
+            low = [g * width + e for g in range(groups) for e in range(width // 2)]
+            high = [i + width // 2 for i in low]
+            vectors = [builder.fadd(_shuffle(builder, a, b, low + [16 + i for i in low]),
+                                    _shuffle(builder, a, b, high + [16 + i for i in high]), flags=_FAST)
+                       for a, b in zip(vectors[0::2], vectors[1::2])]
+            width //= 2
+        last = vectors[0]  # 8 keys x 2 partials
+        return builder.fadd(_shuffle(builder, last, last, list(range(0, 16, 2))),
+                            _shuffle(builder, last, last, list(range(1, 16, 2))), flags=_FAST)
+
+    def _pair_scores_8_for(dh):
+        """The K pass's block for head size dh: s0[t : t + 8], s1[t : t + 8] = q0 . widen(k[t + j]),
+        q1 . widen(k[t + j]) for j < 8; q0, q1, s0, s1 contiguous fp32, k [S_max, dh] as stored with
+        contiguous rows (the cache's are)."""
+        def typer(typingctx, q0, q1, k, t, s0, s1):
+            if not (isinstance(k, types.Array) and k.dtype in _STORED_IR and k.ndim == 2):
+                return None
+            kind, element = _STORED_IR[k.dtype]
+
+            def codegen(context, builder, signature, args):
+                q0, q1, k, _, s0, s1 = (context.make_array(ty)(context, builder, a) if isinstance(ty, types.Array)
+                                        else None for ty, a in zip(signature.args, args))
+                t = context.cast(builder, args[3], signature.args[3], types.intp)
+                f32 = ir.FloatType()
+                queries = [builder.load(builder.bitcast(q.data, ir.VectorType(f32, dh).as_pointer()), align=4)
+                           for q in (q0, q1)]
+                sums = ([], [])
+                for j in range(8):
+                    key = _widen_vector(builder, _load_row(builder, k, builder.add(t, ir.IntType(64)(j)), dh, element),
+                                        kind, dh)
+                    for query, partial in zip(queries, sums):
+                        partial.append(_fold_to_16(builder, builder.fmul(query, key, flags=_FAST), dh))
+                for partial, out in zip(sums, (s0, s1)):
+                    target = builder.bitcast(builder.gep(out.data, [t]), ir.VectorType(f32, 8).as_pointer())
+                    builder.store(_sum_lanes_of_8(builder, partial), target, align=4)
+                return context.get_dummy_value()
+            return types.none(q0, q1, k, t, s0, s1), codegen
+        return intrinsic(typer)
+
+    def _pair_values_for(dh):
+        """The V pass for head size dh: o0 += sum_t p0[t] widen(v[t]), o1 likewise, t in first ..
+        stop - 1; v [S_max, dh] as stored with contiguous rows; p0, p1, o0, o1 contiguous fp32 (o0, o1 [dh]
+        in registers throughout)."""
+        def typer(typingctx, v, first, stop, p0, p1, o0, o1):
+            if not (isinstance(v, types.Array) and v.dtype in _STORED_IR and v.ndim == 2):
+                return None
+            kind, element = _STORED_IR[v.dtype]
+
+            def codegen(context, builder, signature, args):
+                v, _, _, p0, p1, o0, o1 = (context.make_array(ty)(context, builder, a) if isinstance(ty, types.Array)
+                                           else None for ty, a in zip(signature.args, args))
+                first, stop = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2))
+                i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+                vector = ir.VectorType(f32, dh)
+                starts = [builder.load(builder.bitcast(o.data, vector.as_pointer()), align=4) for o in (o0, o1)]
+                byte = i8.as_pointer()
+                prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch.p0")
+                fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    vector, [vector, vector, vector]), f"llvm.fmuladd.v{dh}f32")
+                last = builder.sub(stop, i64(1))
+                entry = builder.block
+                loop, done = builder.append_basic_block("values"), builder.append_basic_block("values_done")
+                builder.cbranch(builder.icmp_signed("<", first, stop), loop, done)
+                builder.position_at_end(loop)
+                t = builder.phi(i64)
+                t.add_incoming(first, entry)
+                sums = []
+                for start in starts:
+                    phi = builder.phi(vector)
+                    phi.add_incoming(start, entry)
+                    sums.append(phi)
+                ahead = builder.add(t, i64(PREFETCH_KEYS_AHEAD))
+                ahead = builder.select(builder.icmp_signed("<", ahead, last), ahead, last)
+                row = _row_bytes(builder, v, ahead)
+                for line in range(0, dh * _ROW_BYTES_PER_VALUE[kind], 64):  # every line of the row ahead
+                    builder.call(prefetch, [builder.gep(row, [i64(line)]), i32(0), i32(3), i32(1)])
+                value = _widen_vector(builder, _load_row(builder, v, t, dh, element), kind, dh)
+                new = []
+                for p, total in zip((p0, p1), sums):
+                    weight = builder.load(builder.gep(p.data, [t]))
+                    weight = _shuffle(builder, builder.insert_element(ir.Constant(vector, ir.Undefined), weight, i32(0)),
+                                      ir.Constant(vector, ir.Undefined), [0] * dh)
+                    new.append(builder.call(fma, [weight, value, total]))
+                t_next = builder.add(t, i64(1))
+                t.add_incoming(t_next, loop)
+                for phi, value in zip(sums, new):
+                    phi.add_incoming(value, loop)
+                builder.cbranch(builder.icmp_signed("<", t_next, stop), loop, done)
+                builder.position_at_end(done)
+                finals = []
+                for start, value in zip(starts, new):  # every phi first: LLVM wants them at the block's top
+                    final = builder.phi(vector)
+                    final.add_incoming(start, entry)
+                    final.add_incoming(value, loop)
+                    finals.append(final)
+                for final, o in zip(finals, (o0, o1)):
+                    builder.store(final, builder.bitcast(o.data, vector.as_pointer()), align=4)
+                return context.get_dummy_value()
+            return types.none(v, first, stop, p0, p1, o0, o1), codegen
+        return intrinsic(typer)
+
+    _pair_scores_8_16, _pair_scores_8_32, _pair_scores_8_64, _pair_scores_8_128 = (
+        _pair_scores_8_for(dh) for dh in VECTOR_HEAD_DIMS)
+    _pair_values_16, _pair_values_32, _pair_values_64, _pair_values_128 = (
+        _pair_values_for(dh) for dh in VECTOR_HEAD_DIMS)
+
+    @numba.njit(inline="always")
+    def _pair_scores_8(q0, q1, k, t, s0, s1):
+        """The K pass's vector block for this head size (`VECTOR_HEAD_DIMS`)."""
+        dh = k.shape[1]
+        if dh == 64:
+            _pair_scores_8_64(q0, q1, k, t, s0, s1)
+        elif dh == 128:
+            _pair_scores_8_128(q0, q1, k, t, s0, s1)
+        elif dh == 32:
+            _pair_scores_8_32(q0, q1, k, t, s0, s1)
+        else:
+            _pair_scores_8_16(q0, q1, k, t, s0, s1)
+
+    @numba.njit(inline="always")
+    def _pair_values_dh(v, first, stop, p0, p1, o0, o1):
+        """The V pass as vector code for this head size (`VECTOR_HEAD_DIMS`)."""
+        dh = v.shape[1]
+        if dh == 64:
+            _pair_values_64(v, first, stop, p0, p1, o0, o1)
+        elif dh == 128:
+            _pair_values_128(v, first, stop, p0, p1, o0, o1)
+        elif dh == 32:
+            _pair_values_32(v, first, stop, p0, p1, o0, o1)
+        else:
+            _pair_values_16(v, first, stop, p0, p1, o0, o1)
+
     @numba.njit(fastmath=True, cache=True)
     def _pair_scores(q0, q1, k, n, per_token, k_scale, s0, s1):
         """s0[t], s1[t] = (q0 . widen(k[t])) k_scale[t], (q1 . widen(k[t])) k_scale[t] for t < n
@@ -510,6 +702,17 @@ if AVAILABLE:
         dh = q0.shape[0]
         top0 = top1 = np.float32(-np.inf)
         t = 0
+        if dh in VECTOR_HEAD_DIMS and k.shape[1] == dh:  # 8 keys at a time as vector code, then the tail below
+            while t + 8 <= n:
+                for ahead in range(8):
+                    _prefetch_row(k, min(t + ahead + PREFETCH_KEYS_AHEAD, n - 1))
+                _pair_scores_8(q0, q1, k, t, s0, s1)
+                for j in range(t, t + 8):  # the scales and the running max: a short vectorised loop
+                    if per_token:
+                        s0[j] *= k_scale[j]
+                        s1[j] *= k_scale[j]
+                    top0, top1 = max(top0, s0[j]), max(top1, s1[j])
+                t += 8
         while t + 4 <= n:
             for ahead in range(4):
                 _prefetch_row(k, min(t + ahead + PREFETCH_KEYS_AHEAD, n - 1))
@@ -572,6 +775,9 @@ if AVAILABLE:
         per four values instead of every value shortens that chain (int8: 287 against 109 keys/us
         per core)."""
         dh = v.shape[1]
+        if dh in VECTOR_HEAD_DIMS and o0.shape[0] == dh:
+            _pair_values_dh(v, 0, n, p0, p1, o0, o1)
+            return
         t = 0
         while t + 4 <= n:
             for ahead in range(4):

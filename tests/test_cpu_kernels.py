@@ -161,10 +161,11 @@ def stored_cache(kind, shape, seed):
 
 @pytest.mark.parametrize("kind", STORED)
 @pytest.mark.parametrize("G", [2, 1, 3])  # 2: the pair loop the lab's CPU models take; else the general one
-def test_decode_attention_equals_its_reference(kind, G):
-    """Every storage, rows of different lengths (one of them only the new key), fp8's per-layer
-    scales != 1, units split into two ranges as two threads would."""
-    B, Hkv, S, dh = 3, 2, 37, 16
+@pytest.mark.parametrize("dh", [16, 64, 128, 24])  # VECTOR_HEAD_DIMS as vector code (G = 2), 24 in scalar loops
+def test_decode_attention_equals_its_reference(kind, G, dh):
+    """Every storage, rows of different lengths (one of them only the new key; 37 and 12: blocks of
+    8 keys and a tail), fp8's per-layer scales != 1, units split into two ranges as two threads would."""
+    B, Hkv, S = 3, 2, 37
     lengths = np.array([37, 12, 1], np.int32)
     q = rng(3).standard_normal((B, Hkv, G, dh), dtype=np.float32) * dh ** -0.5
     (k, k_scale), (v, v_scale) = stored_cache(kind, (B, Hkv, S, dh), 4), stored_cache(kind, (B, Hkv, S, dh), 5)
