@@ -292,8 +292,10 @@ class Panels:
         if panels is None:
             panels = self.packed[i] = cpu_kernels.pack_panels(self.weights[i].numpy())
         rows, step = x.shape[0], min(cpu_kernels.PANEL_TILE_ROWS)
-        padded = np.zeros((-(-rows // step) * step, x.shape[1]), np.float32)
-        padded[:rows] = x
+        padded = x  # as it is where it can be (8, 16, 24 rows), else a zero-padded copy
+        if rows % step or x.dtype != np.float32 or not x.flags.c_contiguous:
+            padded = np.zeros((-(-rows // step) * step, x.shape[1]), np.float32)
+            padded[:rows] = x
         out = np.empty((padded.shape[0], panels.shape[0] * cpu_kernels.PANEL_COLUMNS), np.float32)
         cpu_kernels.panel_linear_on_cores(padded, panels, out, min(CORES, MAX_WORKERS))
         return out[:rows, :self.weights[i].shape[0]]

@@ -246,6 +246,7 @@ def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, regist
     expected = []
     for rows in (1, 3, 4, 5, 7, 8, 13, 16, 24, 33):
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
+        x = np.asfortranarray(x) if rows == 24 else x  # not C-contiguous: copied before the kernel reads it
         for i, (w, first) in enumerate(((BIG, cpu_linear.PANEL_MIN_ROWS_STREAMED), (WEIGHTS[0], cpu_linear.PANEL_MIN_ROWS))):
             assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
             expected += [-(-rows // 8) * 8] if registers and rows >= first else []
