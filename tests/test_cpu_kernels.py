@@ -161,7 +161,7 @@ def stored_cache(kind, shape, seed):
 
 @pytest.mark.parametrize("kind", STORED)
 @pytest.mark.parametrize("G", [2, 1, 3])  # 2: the pair loop the lab's CPU models take; else the general one
-@pytest.mark.parametrize("dh", [16, 64, 128, 24])  # VECTOR_HEAD_DIMS as vector code (G = 2), 24 in scalar loops
+@pytest.mark.parametrize("dh", [16, 64, 128, 24])  # VECTOR_HEAD_DIMS (16, 64) as vector code (G = 2), the others in scalar loops
 def test_decode_attention_equals_its_reference(kind, G, dh):
     """Every storage, rows of different lengths (one of them only the new key; 37 and 12: blocks of
     8 keys and a tail), fp8's per-layer scales != 1, units split into two ranges as two threads would."""
