@@ -8,11 +8,12 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     the weight into its own tiles first, and for a few rows that copy costs more than the product);
     `tile_2x4_linear` is its form for AVX2's 16 vector registers, asking for the rows ahead as it
     goes, for the weight that streams from memory at every step;
-  * a weight that streams from memory at every step (the LM head) meets 8-32 rows in
-    `panel_linear`: repacked once into panels of 16 output columns (`pack_panels`), each
-    [K, 16] contiguous, and multiplied by a register tile of 8 or 16 rows x 16 columns whose sums
-    stay in vector registers for the whole K loop (no reduction across a vector's lanes), asking
-    for the panels ahead as it goes;
+  * from a few rows on (4, on a CPU with AVX-512: `cpu_linear`), `panel_linear` multiplies a
+    weight repacked once into panels of 16 output columns (`pack_panels`), each [K, 16]
+    contiguous, by a register tile of 8 or 16 rows x 16 columns whose sums stay in vector
+    registers for the whole K loop (no reduction across a vector's lanes), asking for the panels
+    ahead as it goes, so a weight that streams from memory (the LM head) keeps streaming while
+    the tile multiplies;
   * decode attention reads the cache AS STORED and widens each value in registers
     (`decode_attention`; for G = 2 as vector code written out in LLVM IR: 8 keys' dot products
     summed across their lanes together, and the values' running sums kept in registers): bf16 is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent

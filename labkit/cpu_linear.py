@@ -21,7 +21,7 @@ ways to do that are tried in this order, the first that applies is used:
            [out, in] copy of each weight, the loop chosen by the number of rows, and a weight that
            streams from memory (the LM head) for 4-11 rows by `cpu_kernels.tile_2x4_linear`,
            which prefetches the rows ahead; on a CPU with AVX-512 the panel product instead from
-           `PANEL_MIN_ROWS` rows (from `PANEL_MIN_ROWS_STREAMED` for a streamed weight);
+           `PANEL_MIN_ROWS` rows;
   "blas"   without numba: numpy's OpenBLAS on the model's own weights (`cpu_blas.blas_matmul`),
            the step as it was before the other two.
 
@@ -74,15 +74,17 @@ NUMBA_SHARED_MIN_BYTES = 128 << 10
 # against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
 STREAMED_MIN_BYTES = 8 << 20
 STREAMED_ROWS = range(4, 12)
-# On a CPU with AVX-512 (`cpu_kernels.panels_in_registers`), numba's products multiply from 8 rows
-# (4 for a streamed weight, its rows padded to 8) by the panel product over a panel copy of each
-# weight (`Panels`), whose 16 x 16 register tiles keep the weight streaming while they multiply,
-# where MKL's kernel for a few rows kept the cores waiting on memory once the decode step's cache
-# had pushed the head out of the L3. The 49,152 x 256 head alone on the 2-core Xeon (Emerald
-# Rapids) VM, fastest of 8, in the L3 / just read back from memory (a 600 MiB sweep between): B = 8
-# 0.94-1.01 / 1.13-1.21 ms against MKL's 1.05-1.33 / 2.3-2.6; B = 16 1.57-1.61 / 1.76 against
-# 1.74-1.78 / 2.86-3.18; B = 32 3.15-3.18 / 3.47 against 2.89-3.47 / 3.9-4.4.
-PANEL_MIN_ROWS, PANEL_MIN_ROWS_STREAMED = 8, 4
+# On a CPU with AVX-512 (`cpu_kernels.panels_in_registers`), numba's products multiply from 4 rows
+# (padded to 8) by the panel product over a panel copy of each weight (`Panels`), whose 16 x 16
+# register tiles keep the weight streaming while they multiply, where MKL's kernel for a few rows kept
+# the cores waiting on memory once the decode step's cache had pushed the head out of the L3. The
+# 49,152 x 256 head alone on the 2-core Xeon (Emerald Rapids) VM, fastest of 8, in the L3 / just read
+# back from memory (a 600 MiB sweep between): B = 8 0.94-1.01 / 1.13-1.21 ms against MKL's 1.05-1.33
+# / 2.3-2.6; B = 16 1.57-1.61 / 1.76 against 1.74-1.78 / 2.86-3.18; B = 32 3.15-3.18 / 3.47 against
+# 2.89-3.47 / 3.9-4.4. The layers' small weights from 4 rows too rather than 8 (numba's loop over
+# pairs of weight rows): steps at S = 1,024, 5 rounds alternating in one process, medians, B = 4, 5,
+# 6: 2.34, 2.39, 2.57 ms against 2.36, 2.51, 2.73.
+PANEL_MIN_ROWS = 4
 # ... and so the "mkl" kind hands up to this many rows to numba's products where the panel product
 # applies: the step's products and its attention then share numba's threads, where MKL's (torch's
 # OpenMP) and numba's two pools otherwise hand the cores back and forth ~10 times a step. Whole
@@ -259,8 +261,7 @@ class MklProducts:
 
 class Panels:
     """numba's panel product (`cpu_kernels.panel_linear`) on a CPU with AVX-512, for
-    `PANEL_MIN_ROWS` rows and more (`PANEL_MIN_ROWS_STREAMED` for a weight of `STREAMED_MIN_BYTES`
-    and more): each weight copied into panels on its first such product (its bytes again, kept
+    `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first such product (its bytes again, kept
     across batch sizes; predicted against free memory before the first copy, and none made, saying
     why, where they would not fit), x padded with zero rows to a multiple of 8, the panels shared
     out on numba's pool. Without AVX-512 it takes no product."""
@@ -273,8 +274,7 @@ class Panels:
 
     def takes(self, i: int, rows: int) -> bool:
         """Whether product `i` at `rows` rows is the panel product's."""
-        streamed = self.weights[i].numel() * self.weights[i].element_size() >= STREAMED_MIN_BYTES
-        return self.enabled and rows >= (PANEL_MIN_ROWS_STREAMED if streamed else PANEL_MIN_ROWS)
+        return self.enabled and rows >= PANEL_MIN_ROWS
 
     def fits(self) -> bool:
         """Whether the panel copies fit in free memory (asked once, before the first is made);
@@ -331,8 +331,7 @@ class NumbaProducts:
     def __init__(self, weights, reason):
         self.weights = [np.ascontiguousarray(w.detach().numpy()) for w in weights]  # [out, in]
         self.panels = Panels([w.detach() for w in weights])
-        self.reason = reason + (f"; the panel product from {PANEL_MIN_ROWS} rows ({PANEL_MIN_ROWS_STREAMED} for "
-                                f"weights of {STREAMED_MIN_BYTES >> 20} MiB and more: AVX-512)"
+        self.reason = reason + (f"; the panel product from {PANEL_MIN_ROWS} rows (AVX-512)"
                                 if self.panels.enabled else "")
 
     def threads(self):

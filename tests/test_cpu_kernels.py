@@ -235,9 +235,8 @@ BIG = torch.randn(1025, 96, generator=torch.Generator().manual_seed(9))  # "stre
 
 @pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
 def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, registers):
-    """With AVX-512, numba's products multiply by the panel product from PANEL_MIN_ROWS rows, and
-    a streamed weight from PANEL_MIN_ROWS_STREAMED (rows padded to 8); below, and without AVX-512,
-    by their own loops. Each against the reference."""
+    """With AVX-512, numba's products multiply by the panel product from PANEL_MIN_ROWS rows (rows
+    padded to 8); below, and without AVX-512, by their own loops. Each against the reference."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
     monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
     calls = spy_panels(monkeypatch)
@@ -247,9 +246,9 @@ def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, regist
     for rows in (1, 3, 4, 5, 7, 8, 13, 16, 24, 33):
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
         x = np.asfortranarray(x) if rows == 24 else x  # not C-contiguous: copied before the kernel reads it
-        for i, (w, first) in enumerate(((BIG, cpu_linear.PANEL_MIN_ROWS_STREAMED), (WEIGHTS[0], cpu_linear.PANEL_MIN_ROWS))):
+        for i, w in enumerate((BIG, WEIGHTS[0])):
             assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
-            expected += [-(-rows // 8) * 8] if registers and rows >= first else []
+            expected += [-(-rows // 8) * 8] if registers and rows >= cpu_linear.PANEL_MIN_ROWS else []
     assert calls == expected
     assert sorted(products.panels.packed) == ([0, 1] if registers else [])
 
@@ -273,7 +272,8 @@ def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(m
         packed_for += list(products.packs)
     few = [rows for rows in (1, 5, 8, 16, 17, 24) if registers and rows <= cpu_linear.MKL_FEW_ROWS]
     assert sorted(set(packed_for)) == [rows for rows in (1, 5, 8, 16, 17, 24) if rows not in few]
-    assert calls == ([8, 8, 8, 16, 16] if registers else [])  # BIG from 4 rows, the small weight from 8
+    paneled = [rows for rows in (1, 5, 8, 16, 17, 24) if rows in few and rows >= cpu_linear.PANEL_MIN_ROWS]
+    assert calls == [-(-rows // 8) * 8 for rows in paneled for _ in range(2)]  # both weights
 
 
 def test_panel_copies_that_do_not_fit_are_never_made(monkeypatch):

@@ -239,13 +239,11 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
 @pytest.mark.skipif(not NUMBA, reason="no numba")
 @pytest.mark.parametrize("linear", [pytest.param("mkl", marks=pytest.mark.skipif(not MKL, reason="no MKL packing")), "numba"])
 @pytest.mark.parametrize("cache_dtype", ("fp32", "bf16", "int8"))
-@pytest.mark.parametrize("batch", [4, 13, 24])
+@pytest.mark.parametrize("batch", [3, 4, 13, 24])
 def test_cpu_decode_step_with_the_panel_product_equals_the_torch_step(linear, cache_dtype, batch, monkeypatch):
     """The panel product (AVX-512 pretended where it is missing: the kernel is right without it)
-    in the step: numba's products take it from 8 rows (the head, as lab-tiny's every weight is
-    made "streamed" here, and the gate/up products of its size, from 4), MKL's kind hands its few
-    rows to them. Three steps against the torch step."""
-    monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", TINY.vocab_size * TINY.hidden_size * 4)  # the head
+    in the step: numba's products take it from PANEL_MIN_ROWS rows, MKL's kind hands its few rows
+    to them. Three steps against the torch step."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=4)
                    for _ in range(2))
@@ -259,11 +257,10 @@ def test_cpu_decode_step_with_the_panel_product_equals_the_torch_step(linear, ca
         assert_step_close(fast.decode_step(step), plain.decode_step(step), fast.cache, plain.cache, cache_dtype, f"step {i}")
     products = fast.decode_path.products
     panels = (products if linear == "numba" else products.few).panels
-    streamed = [i for i, w in enumerate(panels.weights) if w.numel() * 4 >= cpu_linear.STREAMED_MIN_BYTES]  # the head, gate/up
-    want = list(range(len(panels.weights))) if batch >= cpu_linear.PANEL_MIN_ROWS else streamed
+    want = list(range(4 * TINY.n_layers + 1)) if batch >= cpu_linear.PANEL_MIN_ROWS else []
     if linear == "mkl" and batch > cpu_linear.MKL_FEW_ROWS:
         want = []  # MKL's own
-    assert 4 * TINY.n_layers in streamed and sorted(panels.packed) == want
+    assert sorted(panels.packed) == want
 
 
 # One code of each cache dtype: a value ~1e-6 from a rounding boundary may land on either side.
