@@ -20,8 +20,8 @@ ways to do that are tried in this order, the first that applies is used:
   "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.linear_columns` over a contiguous
            [out, in] copy of each weight, the loop chosen by the number of rows, and a weight that
            streams from memory (the LM head) for 4-11 rows by `cpu_kernels.tile_2x4_linear`,
-           which prefetches the rows ahead; on a CPU with AVX-512 the panel product instead from
-           `PANEL_MIN_ROWS` rows;
+           which prefetches the rows ahead; on an Intel CPU with AVX-512 the panel product
+           instead from `PANEL_MIN_ROWS` rows (`Panels`; not yet timed on AMD's);
   "blas"   without numba: numpy's OpenBLAS on the model's own weights (`cpu_blas.blas_matmul`),
            the step as it was before the other two.
 
@@ -74,7 +74,7 @@ NUMBA_SHARED_MIN_BYTES = 128 << 10
 # against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
 STREAMED_MIN_BYTES = 8 << 20
 STREAMED_ROWS = range(4, 12)
-# On a CPU with AVX-512 (`cpu_kernels.panels_in_registers`), numba's products multiply from 4 rows
+# On an Intel CPU with AVX-512 (`Panels.available`), numba's products multiply from 4 rows
 # (padded to 8) by the panel product over a panel copy of each weight (`Panels`), whose 16 x 16
 # register tiles keep the weight streaming while they multiply, where MKL's kernel for a few rows kept
 # the cores waiting on memory once the decode step's cache had pushed the head out of the L3. The
@@ -238,7 +238,7 @@ class MklProducts:
     def __init__(self, weights, reason):
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
         # up to MKL_FEW_ROWS rows: numba's products with the panel product, where that applies
-        self.few = NumbaProducts(weights, reason) if cpu_kernels.panels_in_registers() else None
+        self.few = NumbaProducts(weights, reason) if Panels.available()[0] else None
         self.reason = reason + (f"; up to {MKL_FEW_ROWS} rows numba's products with the panel product (AVX-512)"
                                 if self.few else "")
         self.packs = PacksByRows(self._pack)  # batch size -> per weight its pack
@@ -260,17 +260,26 @@ class MklProducts:
 
 
 class Panels:
-    """numba's panel product (`cpu_kernels.panel_linear`) on a CPU with AVX-512, for
-    `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first such product (its bytes again, kept
+    """numba's panel product (`cpu_kernels.panel_linear`) on an Intel CPU with AVX-512 (`available`),
+    for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first such product (its bytes again, kept
     across batch sizes; predicted against free memory before the first copy, and none made, saying
     why, where they would not fit), x padded with zero rows to a multiple of 8, the panels shared
-    out on numba's pool. Without AVX-512 it takes no product."""
+    out on numba's pool. Where it is not available it takes no product."""
 
     def __init__(self, weights):
         self.weights = weights  # torch [out, in], any strides
-        self.enabled = cpu_kernels.panels_in_registers()
-        self.why_not = "" if self.enabled else "no AVX-512"
+        self.enabled, self.why_not = self.available()
         self.packed: dict[int, np.ndarray] = {}  # weight index -> its panels [ceil(out / 16), in, 16]
+
+    @staticmethod
+    def available() -> tuple[bool, str]:
+        """(does the panel product apply here?, why not): AVX-512's registers, on an Intel CPU, the
+        only kind it has been timed on (an AMD CPU with AVX-512 keeps its loops and oneDNN's packs)."""
+        if not cpu_kernels.panels_in_registers():
+            return False, "no AVX-512" if cpu_kernels.AVAILABLE else "numba is not installed"
+        if cpu_vendor() != "GenuineIntel":
+            return False, f"CPU vendor {cpu_vendor() or 'unknown'} (timed on Intel's only)"
+        return True, ""
 
     def takes(self, i: int, rows: int) -> bool:
         """Whether product `i` at `rows` rows is the panel product's."""

@@ -238,6 +238,7 @@ def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, regist
     """With AVX-512, numba's products multiply by the panel product from PANEL_MIN_ROWS rows (rows
     padded to 8); below, and without AVX-512, by their own loops. Each against the reference."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
     monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
     calls = spy_panels(monkeypatch)
     products = cpu_linear.prepare([BIG, WEIGHTS[0]], "numba")
@@ -259,6 +260,7 @@ def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(m
     """With AVX-512, up to MKL_FEW_ROWS rows go to numba's products (the panel product from its
     rows) and MKL packs only for more rows; without, MKL multiplies every product."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
     monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
     calls = spy_panels(monkeypatch)
     products = cpu_linear.prepare([BIG, WEIGHTS[0]], "mkl")
@@ -276,10 +278,25 @@ def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(m
     assert calls == [-(-rows // 8) * 8 for rows in paneled for _ in range(2)]  # both weights
 
 
+@pytest.mark.parametrize("registers, vendor, ok", [(True, "GenuineIntel", True), (True, "AuthenticAMD", False),
+                                                   (False, "GenuineIntel", False), (True, "", False)])
+def test_the_panel_product_applies_only_where_it_was_timed(monkeypatch, registers, vendor, ok):
+    """AVX-512 on an Intel CPU; an AMD CPU with AVX-512 keeps numba's loops (and oneDNN's packs),
+    and says why; so does a CPU without AVX-512."""
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: vendor)
+    available, why = cpu_linear.Panels.available()
+    assert available == ok and (why == "") == ok
+    assert ok or ("AVX-512" in why if not registers else "timed on Intel's only" in why), why
+    products = cpu_linear.prepare(WEIGHTS, "numba")
+    assert products.panels.enabled == ok and ("panel product" in products.reason) == ok
+
+
 def test_panel_copies_that_do_not_fit_are_never_made(monkeypatch):
     """Predicted against free memory before the first copy: too big, and the panel product is off
     for good, saying why, and the products stay right."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
     monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 1000)
     calls = spy_panels(monkeypatch)
     products = cpu_linear.prepare(WEIGHTS, "numba")

@@ -245,6 +245,7 @@ def test_cpu_decode_step_with_the_panel_product_equals_the_torch_step(linear, ca
     in the step: numba's products take it from PANEL_MIN_ROWS rows, MKL's kind hands its few rows
     to them. Three steps against the torch step."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=4)
                    for _ in range(2))
     fast.decode_path = cpu_decode.CpuDecode(fast, linear=linear, attention="numba")
