@@ -366,6 +366,23 @@ if AVAILABLE:
     # and one FMA into that row's 16 sums, which live in registers from k = 0 to K - 1 (an LLVM loop
     # written out below: numba gives no vector types). One line of the panel PANEL_PREFETCH_AHEAD ahead
     # is asked for per step of K, so the weight streams in while the tile multiplies.
+    def _splat(builder, value, lanes):
+        """The float `value` in every lane of a <lanes x float> vector."""
+        vector = ir.VectorType(ir.FloatType(), lanes)
+        first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.IntType(32)(0))
+        return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined),
+                                      ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+    def _loop_back(builder, counter, bound, phis, values, loop, done):
+        """Close a one-block loop: counter + 1 and `values` flow back into `counter` and `phis`;
+        on to `done` once counter + 1 reaches `bound`."""
+        following = builder.add(counter, ir.IntType(64)(1))
+        counter.add_incoming(following, loop)
+        for phi, value in zip(phis, values):
+            phi.add_incoming(value, loop)
+        builder.cbranch(builder.icmp_signed("<", following, bound), loop, done)
+        builder.position_at_end(done)
+
     def _panel_tile_codegen(rows):
         def codegen(context, builder, signature, args):
             x_type, _, panels_type, _, _, out_type = signature.args
@@ -387,7 +404,6 @@ if AVAILABLE:
                 ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch.p0")
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                 vector, [vector, vector, vector]), f"llvm.fmuladd.v{PANEL_COLUMNS}f32")
-            splat = ir.Constant(ir.VectorType(i32, PANEL_COLUMNS), [0] * PANEL_COLUMNS)
             entry = builder.block
             loop, done = builder.append_basic_block("panel_k"), builder.append_basic_block("panel_done")
             builder.branch(loop)
@@ -405,15 +421,8 @@ if AVAILABLE:
             new = []
             for r in range(rows):
                 value = builder.load(builder.gep(x_rows, [builder.add(builder.mul(i64(r), K), k)]))
-                broadcast = builder.shuffle_vector(builder.insert_element(ir.Constant(vector, ir.Undefined), value, i32(0)),
-                                                   ir.Constant(vector, ir.Undefined), splat)
-                new.append(builder.call(fma, [broadcast, w, sums[r]]))
-            k_next = builder.add(k, i64(1))
-            k.add_incoming(k_next, loop)
-            for phi, value in zip(sums, new):
-                phi.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", k_next, K), loop, done)
-            builder.position_at_end(done)
+                new.append(builder.call(fma, [_splat(builder, value, PANEL_COLUMNS), w, sums[r]]))
+            _loop_back(builder, k, K, sums, new, loop, done)
             column = builder.mul(panel, i64(PANEL_COLUMNS))
             for r, value in enumerate(new):
                 row = builder.add(first_row, i64(r))
@@ -641,16 +650,9 @@ if AVAILABLE:
                 value = _widen_vector(builder, _load_row(builder, v, t, dh, element), kind, dh)
                 new = []
                 for p, total in zip((p0, p1), sums):
-                    weight = builder.load(builder.gep(p.data, [t]))
-                    weight = _shuffle(builder, builder.insert_element(ir.Constant(vector, ir.Undefined), weight, i32(0)),
-                                      ir.Constant(vector, ir.Undefined), [0] * dh)
+                    weight = _splat(builder, builder.load(builder.gep(p.data, [t])), dh)
                     new.append(builder.call(fma, [weight, value, total]))
-                t_next = builder.add(t, i64(1))
-                t.add_incoming(t_next, loop)
-                for phi, value in zip(sums, new):
-                    phi.add_incoming(value, loop)
-                builder.cbranch(builder.icmp_signed("<", t_next, stop), loop, done)
-                builder.position_at_end(done)
+                _loop_back(builder, t, stop, sums, new, loop, done)
                 finals = []
                 for start, value in zip(starts, new):  # every phi first: LLVM wants them at the block's top
                     final = builder.phi(vector)

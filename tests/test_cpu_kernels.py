@@ -233,16 +233,23 @@ def spy_panels(monkeypatch) -> list:
 BIG = torch.randn(1025, 96, generator=torch.Generator().manual_seed(9))  # "streamed" below: STREAMED_MIN_BYTES set to its size
 
 
-@pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
-def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, registers):
-    """With AVX-512, numba's products multiply by the panel product from PANEL_MIN_ROWS rows (rows
-    padded to 8); below, and without AVX-512, by their own loops. Each against the reference."""
+def products_with_panels(monkeypatch, registers: bool, kind: str):
+    """(`kind`'s products of BIG and a small weight on an Intel CPU with or without AVX-512, the
+    rows of every panel product they make)."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
     monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
     monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
     calls = spy_panels(monkeypatch)
-    products = cpu_linear.prepare([BIG, WEIGHTS[0]], "numba")
+    products = cpu_linear.prepare([BIG, WEIGHTS[0]], kind)
     assert ("panel product" in products.reason) == registers, products.reason
+    return products, calls
+
+
+@pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
+def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, registers):
+    """With AVX-512, numba's products multiply by the panel product from PANEL_MIN_ROWS rows (rows
+    padded to 8); below, and without AVX-512, by their own loops. Each against the reference."""
+    products, calls = products_with_panels(monkeypatch, registers, "numba")
     expected = []
     for rows in (1, 3, 4, 5, 7, 8, 13, 16, 24, 33):
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
@@ -259,12 +266,7 @@ def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, regist
 def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(monkeypatch, registers):
     """With AVX-512, up to MKL_FEW_ROWS rows go to numba's products (the panel product from its
     rows) and MKL packs only for more rows; without, MKL multiplies every product."""
-    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
-    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
-    monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
-    calls = spy_panels(monkeypatch)
-    products = cpu_linear.prepare([BIG, WEIGHTS[0]], "mkl")
-    assert ("panel product" in products.reason) == registers, products.reason
+    products, calls = products_with_panels(monkeypatch, registers, "mkl")
     packed_for = []
     for rows in (1, 5, 8, 16, 17, 24):
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
