@@ -1,0 +1,37 @@
+"""`python -m labkit.warm` (run by `make venv`): lab-cpu's decode step once per cache dtype and
+batch, so numba compiles at setup; it says what it did, and what it skipped and why."""
+from __future__ import annotations
+
+import pytest
+
+from labkit import backend, cpu_kernels, warm
+
+
+@pytest.mark.skipif(not cpu_kernels.AVAILABLE, reason="numba is not installed")
+def test_warm_runs_the_step_it_names(monkeypatch):
+    """One dtype at one batch (the whole set takes ~25 s from cold): the real model's step runs,
+    and the line names what ran."""
+    monkeypatch.setattr(warm, "CACHE_DTYPES", ("int8",))
+    monkeypatch.setattr(warm, "BATCHES", (4,))
+    steps = []
+    real = warm.Llama.decode_step
+    monkeypatch.setattr(warm.Llama, "decode_step", lambda self, tokens, *a: steps.append(
+        (self.spec.name, self.cache.cache_dtype, tokens.shape[0])) or real(self, tokens, *a))
+    line = warm.warm()
+    assert steps == [("lab-cpu", "int8", 4)]
+    assert line.startswith("warm: the CPU decode step's kernels compiled or loaded for int8 caches at batch 4"), line
+
+
+def test_without_numba_or_on_a_gpu_it_says_why_and_runs_nothing(monkeypatch):
+    monkeypatch.setattr(warm, "Llama", lambda *a, **k: pytest.fail("built a model"))
+    monkeypatch.setattr(cpu_kernels, "AVAILABLE", False)
+    assert warm.warm() == "warm: numba is not installed; the CPU step uses numpy's forms, nothing to compile"
+    monkeypatch.setattr(cpu_kernels, "AVAILABLE", True)
+    monkeypatch.setattr(backend, "choose_device", lambda device: type("Choice", (), {"device": "cuda"})())
+    assert warm.warm().startswith("warm: a GPU runs the lab")
+
+
+def test_a_bad_argument_is_one_line_and_exit_2(capsys):
+    assert warm.main(["--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("warm: error:") and len(err.strip().splitlines()) == 1
