@@ -91,9 +91,11 @@ PANEL_MIN_ROWS = 4
 # decode steps at S = 1,024 (`sweeps.measure_decode`, fastest of 3, two alternating processes each),
 # numba's products with panels against MKL's: B = 1 1.68-1.70 against 1.76-1.77 ms, 4 2.27-2.30
 # against 2.35-2.44, 8 2.78-2.82 against 2.97-3.08, 12 4.41-4.67 against 4.66-4.91, 16 5.12 against
-# 5.34-5.69; from 24 rows MKL's were as fast or faster (24: 8.95-9.26 against 8.62-9.33; 32:
-# 12.3-12.5 against 11.2-11.4; 64: 22.6-23.1 against 20.4-20.8), where the arithmetic sets the time.
-MKL_FEW_ROWS = 16
+# 5.34-5.69; 24 as fast (8.95-9.26 against 8.62-9.33), and at S = 256 (3 rounds alternating in one
+# process, fastest / median) 4.70 / 5.51 against 5.18 / 5.88; from 32 rows MKL's were faster (S = 256:
+# 32 6.72 / 7.00 against 6.79 / 7.60, 64 11.4 / 11.8 against 14.6 / 14.7), where the arithmetic sets
+# the time. (With 16, lesson 04's throughput curve dipped at B = 24, where MKL took over.)
+MKL_FEW_ROWS = 24
 
 
 def mkl_packing_available() -> tuple[bool, str]:

@@ -464,9 +464,10 @@ def chapter_decode_choices(model: ModelSpec, hardware: HardwareSpec) -> list[dic
 def throughput_prediction(model: ModelSpec, hardware: HardwareSpec, batches: list[int], context_tokens: int,
                           dtype: str, cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
     """Predicted decode throughput (batch / step time, tokens/s) and the batch where decode
-    becomes compute-bound on `hardware` (None if the cache read keeps it bandwidth-bound)."""
+    becomes compute-bound on `hardware`'s cache-aware roof, where the predicted line goes flat
+    (`roofline.decode_compute_bound_batch_at_roof`; None if the cache read keeps it bandwidth-bound)."""
     steps = decode_prediction(model, hardware, batches, context_tokens, dtype, cache_dtype, counting)
-    bound = r.decode_compute_bound_batch(model, hardware, context_tokens, dtype, cache_dtype, dtype, counting)
+    bound = r.decode_compute_bound_batch_at_roof(model, hardware, context_tokens, dtype, cache_dtype, dtype, counting)
     return {"batch": list(batches), "tokens_per_s": [b / t for b, t in zip(batches, steps["predicted_time_s"])],
             "planned_tokens_per_s": [b / t for b, t in zip(batches, steps["planned_time_s"])],
             "tiers": steps["tiers"], "roof_tiers": steps["roof_tiers"], "compute_bound_batch": bound}

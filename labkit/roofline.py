@@ -275,6 +275,28 @@ def decode_compute_bound_batch(model: ModelSpec, hardware: HardwareSpec, context
     return ridge * weight_bytes(model, weight_dtype, counting.params) / denominator
 
 
+def decode_compute_bound_batch_at_roof(model: ModelSpec, hardware: HardwareSpec, context_tokens: int = 0,
+                                       weight_dtype: str = "bf16", cache_dtype: str = "bf16",
+                                       compute_dtype: str = "bf16", counting: Counting = CHAPTER,
+                                       most: int = 1024) -> float | None:
+    """`decode_compute_bound_batch` on the cache-aware roof: with a measured bandwidth curve, each
+    batch's memory time is at the bandwidth of the bytes its step reads (`roof_at_working_set`), so
+    a step whose weights sit in a cache turns compute-bound sooner than the memory's bandwidth
+    says. The first whole batch up to `most` whose compute time reaches its memory time, refined by
+    the closed form at that batch's bandwidth (kept within a batch of it); None if none does. On a
+    datasheet (no curve), `decode_compute_bound_batch` itself."""
+    if not hardware.bandwidth_by_working_set:
+        return decode_compute_bound_batch(model, hardware, context_tokens, weight_dtype, cache_dtype, compute_dtype, counting)
+    for batch in range(1, most + 1):
+        nbytes = decode_bytes_per_step(model, batch, context_tokens, weight_dtype, cache_dtype, counting.params)
+        roof = roof_at_working_set(hardware, nbytes)
+        if compute_time_s(decode_flops_per_step(model, batch, context_tokens, counting), roof, compute_dtype) \
+                >= memory_time_s(nbytes, roof):
+            at_roof = decode_compute_bound_batch(model, roof, context_tokens, weight_dtype, cache_dtype, compute_dtype, counting)
+            return float(batch) if at_roof is None else min(float(batch), max(batch - 1.0, at_roof))
+    return None
+
+
 # ---------------------------------------------------------------- predicted times
 def compute_time_s(flops: float, hardware: HardwareSpec, dtype: str = "bf16", mfu: float = 1.0) -> float:
     """Time to do `flops` at `mfu` of the dense peak for `dtype`."""

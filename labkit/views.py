@@ -688,8 +688,8 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
                     hoverinfo="text+x")
     ridge = predicted["compute_bound_batch"]
     if ridge is not None and ridge <= max(measured["batch"], default=0):
-        fig.add_vline(x=ridge, line=dict(dash="dot", color="#555"),
-                      annotation_text=f"compute-bound from B ≈ {ridge:,.0f}")
+        fig.add_vline(x=ridge, line=dict(dash="dot", color="#555"), annotation_position="bottom right",
+                      annotation_text=f"compute-bound from B ≈ {ridge:,.0f}")  # the top is the tier marks' (add_tier_marks)
     elif measured["batch"]:  # a mark past the last measured point would only stretch the chart
         title += (" — at this context no batch reaches the ridge" if ridge is None
                   else f" — compute-bound from B ≈ {ridge:,.0f}, past the batches measured")

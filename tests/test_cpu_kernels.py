@@ -268,15 +268,15 @@ def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(m
     rows) and MKL packs only for more rows; without, MKL multiplies every product."""
     products, calls = products_with_panels(monkeypatch, registers, "mkl")
     packed_for = []
-    for rows in (1, 5, 8, 16, 17, 24):
+    for rows in (1, 5, 8, 16, 24, 25, 32):
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
         with products.threads():
             for i, w in enumerate((BIG, WEIGHTS[0])):
                 assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
         packed_for += list(products.packs)
-    few = [rows for rows in (1, 5, 8, 16, 17, 24) if registers and rows <= cpu_linear.MKL_FEW_ROWS]
-    assert sorted(set(packed_for)) == [rows for rows in (1, 5, 8, 16, 17, 24) if rows not in few]
-    paneled = [rows for rows in (1, 5, 8, 16, 17, 24) if rows in few and rows >= cpu_linear.PANEL_MIN_ROWS]
+    few = [rows for rows in (1, 5, 8, 16, 24, 25, 32) if registers and rows <= cpu_linear.MKL_FEW_ROWS]
+    assert sorted(set(packed_for)) == [rows for rows in (1, 5, 8, 16, 24, 25, 32) if rows not in few]
+    paneled = [rows for rows in (1, 5, 8, 16, 24, 25, 32) if rows in few and rows >= cpu_linear.PANEL_MIN_ROWS]
     assert calls == [-(-rows // 8) * 8 for rows in paneled for _ in range(2)]  # both weights
 
 

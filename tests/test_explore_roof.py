@@ -57,6 +57,33 @@ def test_throughput_prediction_carries_the_planning_line_and_tiers():
     assert [m["label"] for m in got["tiers"]] and got["roof_tiers"][-1] == "DRAM"
 
 
+# A roof whose L3 (to ~96 MiB) is fast enough that lab-cpu's step turns compute-bound inside it.
+FAST_L3 = ((1 * MIB, 180e9), (4 * MIB, 180e9), (8 * MIB, 75e9), (64 * MIB, 72e9), (96 * MIB, 70e9),
+           (128 * MIB, 35e9), (512 * MIB, 30e9), (2048 * MIB, 30e9))
+FAST_L3_CPU = HardwareSpec("this machine: a CPU", None, None, None, None, 367e9, 30e9, 30e9, kind="calibrated",
+                           cache_levels=(("L2", 4 * MIB), ("L3", 480 * MIB)), memory_name="DRAM",
+                           bandwidth_by_working_set=FAST_L3)
+
+
+@pytest.mark.parametrize("context", [64, 256])  # lab-cpu at S = 1,024 stays bandwidth-bound on this roof
+def test_the_compute_bound_batch_is_where_the_predicted_line_goes_flat(context):
+    """On the cache-aware roof the mark sits where each batch's own roof turns compute-bound (the
+    line goes flat there), earlier than the memory's bandwidth alone says; on a datasheet it is the
+    closed form."""
+    got = r.decode_compute_bound_batch_at_roof(LAB_CPU, FAST_L3_CPU, context, "fp32", "fp32", "fp32", r.KERNEL)
+    dram_only = r.decode_compute_bound_batch(LAB_CPU, FAST_L3_CPU, context, "fp32", "fp32", "fp32", r.KERNEL)
+    assert got is not None and got < dram_only
+    first = int(-(-got // 1))  # the first whole batch at or past the mark
+    for batch, compute_bound in ((first, True), (first - 1, False)):
+        nbytes = r.decode_bytes_per_step(LAB_CPU, batch, context, "fp32", "fp32", "matmul")
+        roof = r.roof_at_working_set(FAST_L3_CPU, nbytes)
+        flops = r.decode_flops_per_step(LAB_CPU, batch, context, r.KERNEL)
+        assert (r.compute_time_s(flops, roof, "fp32") >= r.memory_time_s(nbytes, roof)) == compute_bound, batch
+    shown = explore.throughput_prediction(LAB_CPU, FAST_L3_CPU, [1], context, "fp32", "fp32")["compute_bound_batch"]
+    assert shown == got
+    assert r.decode_compute_bound_batch_at_roof(LAB_CPU, H100, context) == r.decode_compute_bound_batch(LAB_CPU, H100, context)
+
+
 def test_each_measured_point_reports_its_fraction_of_the_roof_and_the_plan():
     records = [{"batch": 1, "time_s": 0.004, "predicted_time_s": 0.003, "roof_fraction": 0.75, "bound": "memory",
                 "roof_tier": "L3", "plan_fraction": 0.75, "device_name": "a CPU", "samples": 9, "spread": 0.05},
