@@ -16,9 +16,11 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     the tile multiplies;
   * decode attention reads the cache AS STORED and widens each value in registers
     (`decode_attention`; for G = 2 as vector code written out in LLVM IR: 8 keys' dot products
-    summed across their lanes together, and the values' running sums kept in registers): bf16 is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent
-    and mantissa (its value times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale, so the bytes a step reads are the
-    bytes `roofline.kv_bytes_per_token` counts, not an fp32 copy made first;
+    summed across their lanes together, and the values' running sums kept in registers): bf16
+    is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent and mantissa (its value
+    times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale,
+    so the bytes a step reads are the bytes `roofline.kv_bytes_per_token` counts, not an fp32
+    copy made first;
   * the elementwise work between them (RMS norm, RoPE, SwiGLU) is a few vectors per row, where a
     numpy call's own cost (~1-3 us) outweighs its arithmetic: one fused call each (`rms_norm`,
     `rotate_in_place`, `swiglu`) instead of 4-8 numpy calls.

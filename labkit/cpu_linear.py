@@ -8,10 +8,10 @@ ways to do that are tried in this order, the first that applies is used:
 
   "mkl"    Intel CPUs with torch's MKL: MKL's own packed weight (cblas_sgemm_pack, the op
            inductor's `freezing` emits), packed once per batch size (the last `MKL_PACKS_KEPT`
-           sizes kept); on a CPU with AVX-512, up to `MKL_FEW_ROWS` rows go to numba's products
-           with their panel product instead (`Panels`: the whole step then runs on numba's
-           threads, see `MKL_FEW_ROWS`). Only on Intel: torch's MKL streamed decode products
-           slowly on the lab's AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
+           sizes kept); with AVX-512, up to `MKL_FEW_ROWS` rows go to numba's products with their
+           panel product instead (`Panels`: the whole step then runs on numba's threads, see
+           `MKL_FEW_ROWS`). Only on Intel: torch's MKL streamed decode products slowly on the
+           lab's AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
   "onednn" other CPUs with torch's oneDNN and numba (AMD, ARM): numba's kernels below
            `ONEDNN_MIN_ROWS` rows, where a product streams its weight, and oneDNN's packed weight
            (`torch.ops.mkldnn._reorder_linear_weight`, packed once per batch size as MKL's) from there up, where
@@ -262,11 +262,12 @@ class MklProducts:
 
 
 class Panels:
-    """numba's panel product (`cpu_kernels.panel_linear`) on an Intel CPU with AVX-512 (`available`),
-    for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first such product (its bytes again, kept
-    across batch sizes; predicted against free memory before the first copy, and none made, saying
-    why, where they would not fit), x padded with zero rows to a multiple of 8, the panels shared
-    out on numba's pool. Where it is not available it takes no product."""
+    """numba's panel product (`cpu_kernels.panel_linear`) on an Intel CPU with AVX-512
+    (`available`), for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first
+    such product (its bytes again, kept across batch sizes; all the copies predicted against free
+    memory before the first is made, and none made, saying why, where they would not fit), x
+    padded with zero rows to a multiple of 8, the panels shared out on numba's pool. Where it is
+    not available it takes no product."""
 
     def __init__(self, weights):
         self.weights = weights  # torch [out, in], any strides
