@@ -34,7 +34,6 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "data" / "recordings"
 DECODE_BATCHES, DECODE_CONTEXT = (1, 4, 16, 32), 1024
 DTYPE_BATCH, DTYPE_CONTEXT = 16, 4096
 PREFILL_PROMPTS = (1024, 2048, 4096)
-CACHE_DTYPES = {"cpu": ("fp32", "bf16", "fp8", "int8"), "cuda": ("bf16", "fp8", "int8")}
 
 
 def bench_steps(device: str, cache_dtype: str) -> list[dict]:
@@ -42,7 +41,7 @@ def bench_steps(device: str, cache_dtype: str) -> list[dict]:
     steps = [{"table": "decode_batch", "phase": "decode", "batch": b, "context_tokens": DECODE_CONTEXT,
               "cache_dtype": cache_dtype} for b in DECODE_BATCHES]
     steps += [{"table": "cache_dtype", "phase": "decode", "batch": DTYPE_BATCH, "context_tokens": DTYPE_CONTEXT,
-               "cache_dtype": d} for d in CACHE_DTYPES[device]]
+               "cache_dtype": d} for d in sizes.CACHE_DTYPES[device]]
     steps += [{"table": "prefill", "phase": "prefill", "prompt_tokens": p} for p in PREFILL_PROMPTS]
     return steps
 

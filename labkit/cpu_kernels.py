@@ -433,23 +433,17 @@ if AVAILABLE:
             return context.get_dummy_value()
         return codegen
 
-    def _panel_tile_signature(x, first_row, panels, panel, last, out):
-        """The tiles' argument check: fp32 C-contiguous x [B, K], panels [P, K, 16], out [B, 16 P]."""
-        ok = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" and a.ndim == n
-                 for a, n in ((x, 2), (panels, 3), (out, 2)))
-        return types.none(x, first_row, panels, panel, last, out) if ok else None
+    def _panel_tile_for(rows):
+        """The tile of `rows` rows: out[first_row : first_row + rows, 16 panel : 16 panel + 16] =
+        those rows of x @ the panel; x [B, K], panels [P, K, 16], out [B, 16 P], fp32 C-contiguous."""
+        def typer(typingctx, x, first_row, panels, panel, last, out):
+            if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" and a.ndim == n
+                       for a, n in ((x, 2), (panels, 3), (out, 2))):
+                return None
+            return types.none(x, first_row, panels, panel, last, out), _panel_tile_codegen(rows)
+        return intrinsic(typer)
 
-    @intrinsic
-    def _panel_tile_16(typingctx, x, first_row, panels, panel, last, out):
-        """out[first_row : first_row + 16, 16 panel : 16 panel + 16] = those 16 rows of x @ the panel."""
-        sig = _panel_tile_signature(x, first_row, panels, panel, last, out)
-        return (sig, _panel_tile_codegen(16)) if sig is not None else None
-
-    @intrinsic
-    def _panel_tile_8(typingctx, x, first_row, panels, panel, last, out):
-        """As `_panel_tile_16`, for 8 rows."""
-        sig = _panel_tile_signature(x, first_row, panels, panel, last, out)
-        return (sig, _panel_tile_codegen(8)) if sig is not None else None
+    _panel_tile_16, _panel_tile_8 = (_panel_tile_for(rows) for rows in PANEL_TILE_ROWS)
 
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def panel_linear(x, panels, out, first, stop):

@@ -21,6 +21,11 @@ LAB_SETTINGS = {
 }
 
 
+# The KV-cache dtypes each device's lab offers (the lessons' toggles, `make bench`, `labkit.warm`):
+# a CPU stores every one; a GPU computes in bf16, so fp32 would only double the read.
+CACHE_DTYPES = {"cpu": ("fp32", "bf16", "fp8", "int8"), "cuda": ("bf16", "fp8", "int8")}
+
+
 def lab_settings(device: str) -> dict:
     """Model, dtypes and (low, high, step, default) slider ranges for `device` ("cpu" | "cuda")."""
     if device not in LAB_SETTINGS:

@@ -24,7 +24,7 @@ from . import backend, cpu_kernels, sizes
 from .cli_args import Parser, UsageError
 from .model import Llama
 
-CACHE_DTYPES = ("fp32", "bf16", "fp8", "int8")
+CACHE_DTYPES = sizes.CACHE_DTYPES["cpu"]
 BATCHES = (1, 4, 16)
 CONTEXT = 64  # tokens: at batch 16 a layer's K and V pass cpu_decode.ATTENTION_SPLIT_MIN_BYTES
 
