@@ -67,9 +67,10 @@ PREFETCH_KEYS_AHEAD = 32
 # the DRAM's rate once compute came between the loads (see `streamed_row_dot_linear`).
 PREFETCH_WEIGHT_BYTES_AHEAD = 32 << 10
 # `panel_linear`: output columns per panel (one 512-bit vector of fp32), rows per register tile (16
-# sums of 16 lanes fill half of AVX-512's 32 vector registers; 8 for the rows past the last 16), and
+# sums of 16 lanes fill half of AVX-512's 32 vector registers; 8, then 4, for the rows past the last
+# 16: a batch of 4 as one 4-row tile, not padded to 8, took half the FMAs and no padded copy), and
 # how many panels ahead a tile asks for (16 KiB each at K = 256: 64 KiB ahead, in L2 when it is read).
-PANEL_COLUMNS, PANEL_TILE_ROWS, PANEL_PREFETCH_AHEAD = 16, (16, 8), 4
+PANEL_COLUMNS, PANEL_TILE_ROWS, PANEL_PREFETCH_AHEAD = 16, (16, 8, 4), 4
 # Head sizes whose G = 2 attention runs as vector code written out below (`_pair_scores_8`,
 # `_pair_values_dh`: a row of K or V is one vector of dh values): lab-cpu's 64 and lab-tiny's 16 (the
 # tests'); other sizes keep the scalar loops (each size more costs ~0.3 s of compiling per cache dtype).
@@ -363,7 +364,7 @@ if AVAILABLE:
             j += 4
         row_dot_linear(x, w, out, j, stop)  # the last, partial group
 
-    # ---- the panel product: x [B, K] (B a multiple of 8) @ panels [P, K, 16] -> out [B, 16 P]. Every
+    # ---- the panel product: x [B, K] (B a multiple of 4) @ panels [P, K, 16] -> out [B, 16 P]. Every
     # step of K is one vector load of the panel's row k, then per row of the tile a broadcast of x[b, k]
     # and one FMA into that row's 16 sums, which live in registers from k = 0 to K - 1 (an LLVM loop
     # written out below: numba gives no vector types). One line of the panel PANEL_PREFETCH_AHEAD ahead
@@ -443,22 +444,25 @@ if AVAILABLE:
             return types.none(x, first_row, panels, panel, last, out), _panel_tile_codegen(rows)
         return intrinsic(typer)
 
-    _panel_tile_16, _panel_tile_8 = (_panel_tile_for(rows) for rows in PANEL_TILE_ROWS)
+    _panel_tile_16, _panel_tile_8, _panel_tile_4 = (_panel_tile_for(rows) for rows in PANEL_TILE_ROWS)
 
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def panel_linear(x, panels, out, first, stop):
         """out[:, 16 first : 16 stop] of x [B, K] @ panels [P, K, 16] (`pack_panels`), B a multiple of
-        8 (callers pad x with zero rows), out [B, 16 P]: panels `first` .. `stop` - 1, each panel met
-        by tiles of 16 rows, then one of 8; the panel (16 KiB at K = 256) stays in L1 between them.
-        x, panels, out fp32 and C-contiguous."""
+        4 (callers pad x with zero rows), out [B, 16 P]: panels `first` .. `stop` - 1, each panel met
+        by tiles of 16 rows, then one of 8 and one of 4 as the rest needs; the panel (16 KiB at
+        K = 256) stays in L1 between them. x, panels, out fp32 and C-contiguous."""
         B = x.shape[0]
         for panel in range(first, stop):
             row = 0
             while row + 16 <= B:
                 _panel_tile_16(x, row, panels, panel, stop - 1, out)
                 row += 16
-            if row < B:
+            if row + 8 <= B:
                 _panel_tile_8(x, row, panels, panel, stop - 1, out)
+                row += 8
+            if row < B:
+                _panel_tile_4(x, row, panels, panel, stop - 1, out)
 
     @numba.njit(nogil=True, fastmath=True, parallel=True, cache=True)
     def panel_linear_on_cores(x, panels, out, parts):
@@ -891,12 +895,13 @@ if AVAILABLE:
         sigmoid from exp of -|g| (never overflows), vectorised by `exp_nonpositive`."""
         B, n = gate_up.shape[0], gate_up.shape[1] // 2
         out = np.empty((B, n), np.float32)
-        for b in range(B):
+        e = np.empty(n, np.float32)  # one row's exps first, in a loop of their own: with the branch
+        for b in range(B):           # beside it LLVM left the exp scalar (3x slower at [16, 1536])
+            for j in range(n):
+                e[j] = exp_nonpositive(-abs(gate_up[b, j]))
             for j in range(n):
                 g = gate_up[b, j]
-                e = exp_nonpositive(-abs(g))
-                sig = (np.float32(1) if g >= 0 else e) / (np.float32(1) + e)
-                out[b, j] = g * sig * gate_up[b, n + j]
+                out[b, j] = g * ((np.float32(1) if g >= 0 else e[j]) / (np.float32(1) + e[j])) * gate_up[b, n + j]
         return out
 
     @numba.njit(fastmath=True, cache=True)

@@ -266,7 +266,7 @@ class Panels:
     (`available`), for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first
     such product (its bytes again, kept across batch sizes; all the copies predicted against free
     memory before the first is made, and none made, saying why, where they would not fit), x
-    padded with zero rows to a multiple of 8, the panels shared out on numba's pool. Where it is
+    padded with zero rows to a multiple of 4, the panels shared out on numba's pool. Where it is
     not available it takes no product."""
 
     def __init__(self, weights):
@@ -304,7 +304,7 @@ class Panels:
         if panels is None:
             panels = self.packed[i] = cpu_kernels.pack_panels(self.weights[i].numpy())
         rows, step = x.shape[0], min(cpu_kernels.PANEL_TILE_ROWS)
-        padded = x  # as it is where it can be (8, 16, 24 rows), else a zero-padded copy
+        padded = x  # as it is where it can be (4, 8, 12, ... rows), else a zero-padded copy
         if rows % step or x.dtype != np.float32 or not x.flags.c_contiguous:
             padded = np.zeros((-(-rows // step) * step, x.shape[1]), np.float32)
             padded[:rows] = x

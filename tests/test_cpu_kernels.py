@@ -64,10 +64,10 @@ def test_pack_panels_lays_out_each_16_columns_contiguously_with_zeros_past_the_e
     assert not panels[~inside].any(), "the 8 columns past N = 40 must be zeros"
 
 
-@pytest.mark.parametrize("rows", [8, 16, 24, 32, 40])
+@pytest.mark.parametrize("rows", [4, 8, 12, 16, 24, 28, 32, 40])
 @pytest.mark.parametrize("out_features", [16, 40, 257])
 def test_panel_linear_equals_its_reference(rows, out_features):
-    """Tiles of 16 rows, then one of 8 (24, 40 rows), over two uneven shares of the panels (each
+    """Tiles of 16 rows, then one of 8 (24, 40 rows) and one of 4 (4, 12, 28 rows), over two uneven shares of the panels (each
     share's prefetch stops at its own end) and on the cores; a padded last panel (40, 257)."""
     x = rng(12).standard_normal((rows, 96), dtype=np.float32)
     w = rng(13).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
@@ -248,7 +248,7 @@ def products_with_panels(monkeypatch, registers: bool, kind: str):
 @pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
 def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, registers):
     """With AVX-512, numba's products multiply by the panel product from PANEL_MIN_ROWS rows (rows
-    padded to 8); below, and without AVX-512, by their own loops. Each against the reference."""
+    padded to 4); below, and without AVX-512, by their own loops. Each against the reference."""
     products, calls = products_with_panels(monkeypatch, registers, "numba")
     expected = []
     for rows in (1, 3, 4, 5, 7, 8, 13, 16, 24, 33):
@@ -256,7 +256,7 @@ def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, regist
         x = np.asfortranarray(x) if rows == 24 else x  # not C-contiguous: copied before the kernel reads it
         for i, w in enumerate((BIG, WEIGHTS[0])):
             assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
-            expected += [-(-rows // 8) * 8] if registers and rows >= cpu_linear.PANEL_MIN_ROWS else []
+            expected += [-(-rows // 4) * 4] if registers and rows >= cpu_linear.PANEL_MIN_ROWS else []
     assert calls == expected
     assert sorted(products.panels.packed) == ([0, 1] if registers else [])
 
@@ -277,7 +277,7 @@ def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(m
     few = [rows for rows in (1, 5, 8, 16, 24, 25, 32) if registers and rows <= cpu_linear.MKL_FEW_ROWS]
     assert sorted(set(packed_for)) == [rows for rows in (1, 5, 8, 16, 24, 25, 32) if rows not in few]
     paneled = [rows for rows in (1, 5, 8, 16, 24, 25, 32) if rows in few and rows >= cpu_linear.PANEL_MIN_ROWS]
-    assert calls == [-(-rows // 8) * 8 for rows in paneled for _ in range(2)]  # both weights
+    assert calls == [-(-rows // 4) * 4 for rows in paneled for _ in range(2)]  # both weights
 
 
 @pytest.mark.parametrize("registers, vendor, ok", [(True, "GenuineIntel", True), (True, "AuthenticAMD", False),
