@@ -546,6 +546,26 @@ if AVAILABLE:
     def _shuffle(builder, a, b, lanes):
         return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes))
 
+    def _bf16_halves(builder, array, row, dh):
+        """Row `row` of a bf16 [rows, dh] array (as uint16 bits, rows contiguous) widened as two
+        <dh / 2 x float>: (values 0, 2, 4, ..., values 1, 3, 5, ...). Each 32-bit word holds two
+        values, the even one in its low half (little-endian), so one shift and one mask widen 32
+        values where zero-extending and shifting took two of each; `_split_even_odd` lays a
+        query (or sums) out the same way. Bit for bit `widen`."""
+        i32, f32, n = ir.IntType(32), ir.FloatType(), dh // 2
+        words = builder.load(builder.bitcast(_row_bytes(builder, array, row), ir.VectorType(i32, n).as_pointer()), align=1)
+        even = builder.shl(words, ir.Constant(ir.VectorType(i32, n), [16] * n))
+        odd = builder.and_(words, ir.Constant(ir.VectorType(i32, n), [-0x10000] * n))
+        return tuple(builder.bitcast(w, ir.VectorType(f32, n)) for w in (even, odd))
+
+    def _split_even_odd(builder, v, dh):
+        """<dh x float> -> (its even lanes, its odd lanes), two <dh / 2 x float>."""
+        return (_shuffle(builder, v, v, list(range(0, dh, 2))), _shuffle(builder, v, v, list(range(1, dh, 2))))
+
+    def _join_even_odd(builder, even, odd, dh):
+        """`_split_even_odd` undone: lane 2 i from even[i], lane 2 i + 1 from odd[i]."""
+        return _shuffle(builder, even, odd, [i // 2 + (dh // 2 if i % 2 else 0) for i in range(dh)])
+
     def _row_bytes(builder, array, row):
         """An i8* to row `row` of a [rows, dh] array whose rows are contiguous (any row stride)."""
         stride = cgutils.unpack_tuple(builder, array.strides, 2)[0]
@@ -596,10 +616,20 @@ if AVAILABLE:
                 f32 = ir.FloatType()
                 queries = [builder.load(builder.bitcast(q.data, ir.VectorType(f32, dh).as_pointer()), align=4)
                            for q in (q0, q1)]
+                halves = kind == "bf16" and dh >= 32  # (see `_bf16_halves`: 16 lanes or more each)
+                if halves:
+                    queries = [_split_even_odd(builder, query, dh) for query in queries]
                 sums = ([], [])
                 for j in range(8):
-                    key = _widen_vector(builder, _load_row(builder, k, builder.add(t, ir.IntType(64)(j)), dh, element),
-                                        kind, dh)
+                    row = builder.add(t, ir.IntType(64)(j))
+                    if halves:
+                        even, odd = _bf16_halves(builder, k, row, dh)
+                        for (q_even, q_odd), partial in zip(queries, sums):
+                            both = builder.fadd(builder.fmul(q_even, even, flags=_FAST),
+                                                builder.fmul(q_odd, odd, flags=_FAST), flags=_FAST)
+                            partial.append(_fold_to_16(builder, both, dh // 2))
+                        continue
+                    key = _widen_vector(builder, _load_row(builder, k, row, dh, element), kind, dh)
                     for query, partial in zip(queries, sums):
                         partial.append(_fold_to_16(builder, builder.fmul(query, key, flags=_FAST), dh))
                 for partial, out in zip(sums, (s0, s1)):
@@ -625,11 +655,16 @@ if AVAILABLE:
                 i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
                 vector = ir.VectorType(f32, dh)
                 starts = [builder.load(builder.bitcast(o.data, vector.as_pointer()), align=4) for o in (o0, o1)]
+                halves = kind == "bf16" and dh >= 32  # the sums as even and odd lanes (`_bf16_halves`)
+                if halves:
+                    starts = [half for start in starts for half in _split_even_odd(builder, start, dh)]
+                lanes = dh // 2 if halves else dh
                 byte = i8.as_pointer()
                 prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                     ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch.p0")
+                sum_type = ir.VectorType(f32, lanes)
                 fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                    vector, [vector, vector, vector]), f"llvm.fmuladd.v{dh}f32")
+                    sum_type, [sum_type, sum_type, sum_type]), f"llvm.fmuladd.v{lanes}f32")
                 last = builder.sub(stop, i64(1))
                 entry = builder.block
                 loop, done = builder.append_basic_block("values"), builder.append_basic_block("values_done")
@@ -639,7 +674,7 @@ if AVAILABLE:
                 t.add_incoming(first, entry)
                 sums = []
                 for start in starts:
-                    phi = builder.phi(vector)
+                    phi = builder.phi(sum_type)
                     phi.add_incoming(start, entry)
                     sums.append(phi)
                 ahead = builder.add(t, i64(PREFETCH_KEYS_AHEAD))
@@ -647,18 +682,22 @@ if AVAILABLE:
                 row = _row_bytes(builder, v, ahead)
                 for line in range(0, dh * _ROW_BYTES_PER_VALUE[kind], 64):  # every line of the row ahead
                     builder.call(prefetch, [builder.gep(row, [i64(line)]), i32(0), i32(3), i32(1)])
-                value = _widen_vector(builder, _load_row(builder, v, t, dh, element), kind, dh)
+                values = (_bf16_halves(builder, v, t, dh) if halves
+                          else [_widen_vector(builder, _load_row(builder, v, t, dh, element), kind, dh)])
                 new = []
-                for p, total in zip((p0, p1), sums):
-                    weight = _splat(builder, builder.load(builder.gep(p.data, [t])), dh)
-                    new.append(builder.call(fma, [weight, value, total]))
+                for q, p in enumerate((p0, p1)):
+                    weight = _splat(builder, builder.load(builder.gep(p.data, [t])), lanes)
+                    for h, value in enumerate(values):
+                        new.append(builder.call(fma, [weight, value, sums[q * len(values) + h]]))
                 _loop_back(builder, t, stop, sums, new, loop, done)
                 finals = []
                 for start, value in zip(starts, new):  # every phi first: LLVM wants them at the block's top
-                    final = builder.phi(vector)
+                    final = builder.phi(sum_type)
                     final.add_incoming(start, entry)
                     final.add_incoming(value, loop)
                     finals.append(final)
+                if halves:
+                    finals = [_join_even_odd(builder, finals[i], finals[i + 1], dh) for i in (0, 2)]
                 for final, o in zip(finals, (o0, o1)):
                     builder.store(final, builder.bitcast(o.data, vector.as_pointer()), align=4)
                 return context.get_dummy_value()
