@@ -22,9 +22,10 @@ more than once. So here:
     attention for a compact cache or mixed lengths).
 
 Nothing is copied from the model but what `cpu_linear` prepares: the elementwise weights are
-numpy views of the model's tensors. An fp32 or int8 cache at equal lengths is written here through
-numpy views of its buffers (int8 quantised by `quantize_int8`, the kernels' reference in numpy, bit
-for bit); every other cache through `KVCache.update` (which quantises).
+numpy views of the model's tensors. At equal lengths the step writes the cache itself: fp32 and
+int8 through numpy views of its buffers (int8 quantised by `quantize_int8`, the kernels' reference
+in numpy, bit for bit), bf16, fp16 and fp8 by one converting torch copy each (fp8 scaled and
+clamped first, as the reference does); at mixed lengths through `KVCache.update` (which quantises).
 `tests/test_model.py` holds this step to the torch step for every cache dtype, both kinds of
 lengths, and each forced choice of products and attention.
 
@@ -40,6 +41,7 @@ from .cpu_blas import CORES, on_every_core
 from .errors import LabError
 
 INT8_MAX = np.float32(127)  # as kernels.kv_quant.INT8_MAX: the symmetric int8 range [-127, 127]
+FP8_MAX = np.float32(448)  # as kernels.kv_quant.FP8_MAX: float8_e4m3fn's largest finite value
 
 # K+V one layer of a step reads from which every core attends: numba's kernel hands over through
 # numba's pool (~10-20 us), numpy's through a Python pool (50-65 us), so numpy's needs more work to pay.
@@ -123,12 +125,19 @@ class CpuDecode:
         # ----
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
         cos, sin = rope(at)  # [B or 1, 1, dh]
-        # An fp32 or int8 cache at equal lengths is written here, through numpy views of its buffers
-        # [L, B, Hkv, T, dh] (and int8's scales [L, B, Hkv, T]); any other through KVCache.update.
-        write_here = not mixed and cache.cache_dtype in ("fp32", "int8")
-        K_all, V_all = cache.k.numpy() if write_here else None, cache.v.numpy() if write_here else None
+        # At equal lengths the cache is written here: fp32 and int8 through numpy views of its buffers
+        # [L, B, Hkv, T, dh] (and int8's scales [L, B, Hkv, T]), bf16, fp16 and fp8 by one torch copy
+        # each that converts as it stores (fp8 after the reference's scale and clamp, in numpy);
+        # mixed lengths through KVCache.update. Why: update's ~8 torch calls a layer for K and V
+        # cost ~45 us (bf16) to ~90 us (fp8) a layer at B = 16, these ~10 us.
+        write_here = not mixed
+        as_numpy = write_here and cache.cache_dtype in ("fp32", "int8")
+        K_all, V_all = (cache.k.numpy(), cache.v.numpy()) if as_numpy else (cache.k, cache.v)
         int8 = write_here and cache.cache_dtype == "int8"
         KS_all, VS_all = (cache.k_scale.numpy(), cache.v_scale.numpy()) if int8 else (None, None)
+        fp8 = write_here and cache.cache_dtype == "fp8"
+        # fp8's per-layer inverse scales [L], as the reference takes them: scale.reciprocal()
+        K_inv, V_inv = (cache.k_scale.reciprocal().numpy(), cache.v_scale.reciprocal().numpy()) if fp8 else (None, None)
         with part.time("other"):
             x = self.embed[tokens.numpy()]  # [B, d]
         with self.products.threads():
@@ -139,8 +148,11 @@ class CpuDecode:
                     if int8:
                         K_all[i, :, :, positions], KS_all[i, :, :, positions] = quantize_int8(qk[:, H:])
                         V_all[i, :, :, positions], VS_all[i, :, :, positions] = quantize_int8(qkv[:, H + Hkv:])
-                    elif write_here:
+                    elif as_numpy:
                         K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
+                    elif write_here:  # bf16, fp16, fp8 [B, Hkv, dh] each
+                        store_converted(K_all[i, :, :, positions], qk[:, H:], K_inv[i] if fp8 else None)
+                        store_converted(V_all[i, :, :, positions], qkv[:, H + Hkv:], V_inv[i] if fp8 else None)
                     else:
                         k, v = torch.from_numpy(qk[:, H:, None]), torch.from_numpy(qkv[:, H + Hkv:, None])  # [B, Hkv, 1, dh]
                         cache.update(i, k, v, positions)
@@ -241,6 +253,16 @@ def quantize_int8(x):
     inv = np.divide(np.float32(INT8_MAX), absmax, out=np.zeros_like(absmax), where=absmax > 0)
     codes = np.floor(x * inv[..., None] + np.float32(0.5))
     return np.clip(codes, -INT8_MAX, INT8_MAX).astype(np.int8), absmax / np.float32(INT8_MAX)
+
+
+def store_converted(target, x, inverse_scale=None):
+    """target (a torch view of a bf16, fp16 or fp8 cache's buffer) = x (fp32 numpy, same shape) as
+    `KVCache.update` stores it, bit for bit (tested): one torch copy, which rounds as `.to()` does;
+    for fp8 x is first scaled by `inverse_scale` (the layer's scale.reciprocal()) and clamped to
+    +-448, the formulas of `kernels.kv_quant.quantize_kv_reference`, here in numpy."""
+    if inverse_scale is not None:
+        x = np.clip(x * inverse_scale, -FP8_MAX, FP8_MAX)
+    target.copy_(torch.from_numpy(x))
 
 
 def rms_norm(x, weight, eps):

@@ -1,5 +1,6 @@
 """The CPU path's int8/fp8 cache quantises through kernels/kv_quant.py's torch reference, which
 imports without Triton (macOS, Windows), and stores exactly what that reference gives."""
+import dataclasses
 import sys
 
 import pytest
@@ -52,6 +53,30 @@ def test_the_cpu_steps_numpy_int8_is_the_kernels_reference_bit_for_bit():
         want, want_scale = quantize_kv_reference(x, "int8")
         assert (got == want.numpy()).all(), f"seed {seed}: {(got != want.numpy()).sum()} codes differ"
         assert (got_scale == want_scale.numpy()).all() and got_scale.dtype == want_scale.numpy().dtype
+
+
+@pytest.mark.parametrize("cache_dtype", ["bf16", "fp16", "fp8"])
+def test_the_cpu_steps_converting_copy_stores_what_update_stores_bit_for_bit(cache_dtype):
+    """`cpu_decode.store_converted` (the CPU decode step's bf16, fp16 and fp8 cache write at equal
+    lengths) against `KVCache.update` on the same new K/V: every stored bit equal, over scales from
+    0.01 to 100 (fp8 past its 448, clamped), with an fp8 layer scale other than 1."""
+    from labkit import cpu_decode
+    from kernels.kv_quant import FP8_MAX
+    assert cpu_decode.FP8_MAX == FP8_MAX
+    spec = dataclasses.replace(get_model("lab-tiny"), n_heads=6, n_kv_heads=3, head_dim=32)  # fresh_rows' shape
+    for seed in range(10):
+        torch.manual_seed(seed)
+        x = fresh_rows(torch.float32, (2, 3, 4, 32)) * (10.0 ** (seed % 5 - 2))  # [B, Hkv, T, dh]
+        mine, theirs = (kvcache.KVCache(spec, 2, 8, cache_dtype, use_triton=False) for _ in range(2))
+        if cache_dtype == "fp8":
+            for cache in (mine, theirs):
+                cache.k_scale[1] = 0.37 + seed  # a calibrated scale, as a real engine would set
+        inverse = mine.k_scale.reciprocal().numpy()[1] if cache_dtype == "fp8" else None
+        for t in range(4):  # one decode step's token each
+            cpu_decode.store_converted(mine.k[1, :, :, 2 + t], x[:, :, t].numpy(), inverse)
+            theirs.update(1, x[:, :, t:t + 1], x[:, :, t:t + 1], 2 + t)
+        got, want = (c.k.view(torch.uint8) if c.k.element_size() == 1 else c.k.view(torch.int16) for c in (mine, theirs))
+        assert torch.equal(got, want), f"seed {seed}: {(got != want).sum().item()} stored values differ"
 
 
 def test_int8_codes_round_trip_within_half_a_step():
