@@ -74,8 +74,8 @@ NUMBA_SHARED_MIN_BYTES = 128 << 10
 # against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
 STREAMED_MIN_BYTES = 8 << 20
 STREAMED_ROWS = range(4, 12)
-# On an Intel CPU with AVX-512 (`Panels.available`), numba's products multiply from 4 rows
-# (padded to 8) by the panel product over a panel copy of each weight (`Panels`), whose 16 x 16
+# On an Intel CPU with AVX-512 (`Panels.available`), numba's products multiply from 1 row
+# (padded to a multiple of 4) by the panel product over a panel copy of each weight (`Panels`), whose 16 x 16
 # register tiles keep the weight streaming while they multiply, where MKL's kernel for a few rows kept
 # the cores waiting on memory once the decode step's cache had pushed the head out of the L3. The
 # 49,152 x 256 head alone on the 2-core Xeon (Emerald Rapids) VM, fastest of 8, in the L3 / just read
@@ -83,8 +83,10 @@ STREAMED_ROWS = range(4, 12)
 # / 2.3-2.6; B = 16 1.57-1.61 / 1.76 against 1.74-1.78 / 2.86-3.18; B = 32 3.15-3.18 / 3.47 against
 # 2.89-3.47 / 3.9-4.4. The layers' small weights from 4 rows too rather than 8 (numba's loop over
 # pairs of weight rows): steps at S = 1,024, 5 rounds alternating in one process, medians, B = 4, 5,
-# 6: 2.34, 2.39, 2.57 ms against 2.36, 2.51, 2.73.
-PANEL_MIN_ROWS = 4
+# 6: 2.34, 2.39, 2.57 ms against 2.36, 2.51, 2.73. And from 1 row once the 4-row tile came (a row or
+# three padded to 4): steps at S = 1,024, 3 alternating processes, B = 1, 2, 3: 1.70-1.72,
+# 1.81-1.83, 1.92-1.96 ms against the few-row loops' 1.69-2.18, 2.19-2.32, 2.70-2.99.
+PANEL_MIN_ROWS = 1
 # ... and so the "mkl" kind hands up to this many rows to numba's products where the panel product
 # applies: the step's products and its attention then share numba's threads, where MKL's (torch's
 # OpenMP) and numba's two pools otherwise hand the cores back and forth ~10 times a step. Whole

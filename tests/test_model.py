@@ -239,7 +239,7 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
 @pytest.mark.skipif(not NUMBA, reason="no numba")
 @pytest.mark.parametrize("linear", [pytest.param("mkl", marks=pytest.mark.skipif(not MKL, reason="no MKL packing")), "numba"])
 @pytest.mark.parametrize("cache_dtype", ("fp32", "bf16", "int8"))
-@pytest.mark.parametrize("batch", [3, 4, 13, 24, 32])
+@pytest.mark.parametrize("batch", [1, 3, 4, 13, 24, 32])
 def test_cpu_decode_step_with_the_panel_product_equals_the_torch_step(linear, cache_dtype, batch, monkeypatch):
     """The panel product (AVX-512 pretended where it is missing: the kernel is right without it)
     in the step: numba's products take it from PANEL_MIN_ROWS rows, MKL's kind hands its few rows
