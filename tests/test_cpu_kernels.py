@@ -182,6 +182,27 @@ def test_decode_attention_equals_its_reference(kind, G, dh):
     assert_close(out, ref, f"{kind} cache, G = {G}")
 
 
+@pytest.mark.parametrize("kind", STORED)
+@pytest.mark.parametrize("dh", [16, 64, 24])
+def test_decode_attention_keeps_the_softmax_stable_on_sharp_scores(kind, dh):
+    """Scores spread over a thousand (a query 300x the usual size): exp(s - max) needs the true
+    running max of every key, the vector blocks' and the tail's (a row of 37: 4 blocks and 5 keys;
+    of 32: blocks alone), or exp overflows fp32 (past e^88); the result is then nearly one-hot
+    and still the reference's."""
+    B, Hkv, S = 2, 2, 37
+    lengths = np.array([37, 32], np.int32)
+    q = rng(8).standard_normal((B, Hkv, 2, dh), dtype=np.float32) * dh ** -0.5 * 300
+    (k, k_scale), (v, v_scale) = stored_cache(kind, (B, Hkv, S, dh), 9), stored_cache(kind, (B, Hkv, S, dh), 10)
+    per_token, none, one = k_scale is not None, np.ones((1, 1, 1), np.float32), np.float32(1)
+    out = np.full(q.shape, np.nan, np.float32)
+    cpu_kernels.decode_attention(q, k, v, per_token, k_scale if per_token else none, v_scale if per_token else none,
+                                 one, one, lengths, out, 0, B * Hkv)
+    ref = cpu_kernels.decode_attention_reference(q, k, v, k_scale if per_token else one,
+                                                 v_scale if per_token else one, lengths)
+    assert np.isfinite(out).all(), f"{kind}: exp overflowed"
+    assert_close(out, ref, f"{kind} cache, sharp scores")
+
+
 # ------------------------------------------------------------------ cpu_linear: the three kinds of products
 WEIGHTS = [torch.randn(257, 96, generator=torch.Generator().manual_seed(6)),
            torch.randn(96, 40, generator=torch.Generator().manual_seed(7)).t().contiguous().t()]  # [in, out] storage
