@@ -100,6 +100,7 @@ class CpuDecode:
         rms = cpu_kernels.rms_norm if fused else rms_norm
         self.rms = lambda x, weight: rms(x, weight, eps)  # noqa: E731
         self.rotate, self.gating = (_rotate_in_place, cpu_kernels.swiglu) if fused else (self._rotate, _swiglu)
+        self.store_int8 = cpu_kernels.store_int8 if fused else store_int8
         pair = (self.products.name, attention)
         self.name = {("blas", "numpy"): "numpy", ("numba", "numba"): "numba"}.get(pair, "+".join(pair))
         self.reason = (f"{reason}: products by {self.products.reason}; attention by "
@@ -145,9 +146,9 @@ class CpuDecode:
                 qkv = mm(4 * i, rms(x, attn_norm)).reshape(B, H + 2 * Hkv, dh)
                 qk = rotate(qkv[:, :H + Hkv], cos, sin)  # [B, H + Hkv, dh], RoPE on q and k at once
                 with part.time("other"):
-                    if int8:
-                        K_all[i, :, :, positions], KS_all[i, :, :, positions] = quantize_int8(qk[:, H:])
-                        V_all[i, :, :, positions], VS_all[i, :, :, positions] = quantize_int8(qkv[:, H + Hkv:])
+                    if int8:  # [B, Hkv, dh] each into [B, Hkv, T, dh] codes and [B, Hkv, T] scales
+                        self.store_int8(qk[:, H:], K_all[i], KS_all[i], positions)
+                        self.store_int8(qkv[:, H + Hkv:], V_all[i], VS_all[i], positions)
                     elif as_numpy:
                         K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
                     elif write_here:  # bf16, fp16, fp8 [B, Hkv, dh] each
@@ -263,6 +264,12 @@ def store_converted(target, x, inverse_scale=None):
     if inverse_scale is not None:
         x = np.clip(x * inverse_scale, -FP8_MAX, FP8_MAX)
     target.copy_(torch.from_numpy(x))
+
+
+def store_int8(x, codes, scales, position):
+    """`quantize_int8` of x [B, Hkv, dh] stored at `position` of codes [B, Hkv, T, dh] and scales
+    [B, Hkv, T]: the numpy form, and reference, of `cpu_kernels.store_int8`."""
+    codes[:, :, position], scales[:, :, position] = quantize_int8(x)
 
 
 def rms_norm(x, weight, eps):

@@ -8,12 +8,11 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     the weight into its own tiles first, and for a few rows that copy costs more than the product);
     `tile_2x4_linear` is its form for AVX2's 16 vector registers, asking for the rows ahead as it
     goes, for the weight that streams from memory at every step;
-  * from a few rows on (4, on a CPU with AVX-512: `cpu_linear`), `panel_linear` multiplies a
-    weight repacked once into panels of 16 output columns (`pack_panels`), each [K, 16]
-    contiguous, by a register tile of 8 or 16 rows x 16 columns whose sums stay in vector
-    registers for the whole K loop (no reduction across a vector's lanes), asking for the panels
-    ahead as it goes, so a weight that streams from memory (the LM head) keeps streaming while
-    the tile multiplies;
+  * on a CPU with AVX-512 (`cpu_linear`), `panel_linear` multiplies a weight repacked once
+    into panels of 16 output columns (`pack_panels`), each [K, 16] contiguous, by register
+    tiles of 4, 8 or 16 rows x 16 columns whose sums stay in vector registers for the whole K
+    loop (no reduction across a vector's lanes), asking for the panels ahead as it goes, so a
+    weight that streams from memory (the LM head) keeps streaming while the tile multiplies;
   * decode attention reads the cache AS STORED and widens each value in registers
     (`decode_attention`; for G = 2 as vector code written out in LLVM IR: 8 keys' dot products
     summed across their lanes together, and the values' running sums kept in registers): bf16
@@ -21,9 +20,9 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale,
     so the bytes a step reads are the bytes `roofline.kv_bytes_per_token` counts, not an fp32
     copy made first;
-  * the elementwise work between them (RMS norm, RoPE, SwiGLU) is a few vectors per row, where a
-    numpy call's own cost (~1-3 us) outweighs its arithmetic: one fused call each (`rms_norm`,
-    `rotate_in_place`, `swiglu`) instead of 4-8 numpy calls.
+  * the elementwise work between them (RMS norm, RoPE, SwiGLU, an int8 cache's write) is a few
+    vectors per row, where a numpy call's own cost (~1-3 us) outweighs its arithmetic: one fused
+    call each (`rms_norm`, `rotate_in_place`, `swiglu`, `store_int8`) instead of 4-8 numpy calls.
 
 Pseudocode of the attention, one (row b, kv head h) unit per task, G = H / Hkv queries per unit:
     n = lengths[b]                                   # keys this row sees, the new one included
@@ -930,6 +929,24 @@ if AVAILABLE:
     # ---- the step's elementwise work, fused: one call where numpy made 4-8 (each ~1-3 us at decode's
     # few rows); the numpy forms in `cpu_decode` (`rms_norm`, `CpuDecode._rotate`, `_swiglu`) are the
     # references and the path without numba.
+    @numba.njit(nogil=True, cache=True)  # no fastmath: x * inv + 0.5 rounds twice, as the reference
+    def store_int8(x, codes, scales, position):
+        """x [B, Hkv, dh] fp32 quantised into codes[:, :, position] (codes [B, Hkv, T, dh] int8) and
+        scales[:, :, position] (scales [B, Hkv, T] fp32), one scale per row: `cpu_decode.quantize_int8`
+        (the kernels' reference in numpy) bit for bit, in one call where numpy made ~8 (~30 us a
+        call at B = 16)."""
+        B, Hkv, dh = x.shape
+        for b in range(B):
+            for h in range(Hkv):
+                absmax = np.float32(0)
+                for j in range(dh):
+                    absmax = max(absmax, abs(x[b, h, j]))
+                inv = np.float32(127) / absmax if absmax > 0 else np.float32(0)
+                for j in range(dh):
+                    code = np.floor(x[b, h, j] * inv + np.float32(0.5))
+                    codes[b, h, position, j] = np.int8(min(max(code, np.float32(-127)), np.float32(127)))
+                scales[b, h, position] = absmax / np.float32(127)
+
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def rms_norm(x, weight, eps):
         """x [B, d] / rms over d * weight [d] -> a new [B, d] fp32 array."""

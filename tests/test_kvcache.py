@@ -3,6 +3,7 @@ imports without Triton (macOS, Windows), and stores exactly what that reference 
 import dataclasses
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,10 +42,11 @@ def test_quantize_is_the_kernels_reference_bit_for_bit(cache_dtype, dtype):
 
 
 def test_the_cpu_steps_numpy_int8_is_the_kernels_reference_bit_for_bit():
-    """`cpu_decode.quantize_int8` (the CPU decode step's own int8 cache write) stores what the
-    reference stores: every code and every scale, ties and an all-zero row included."""
+    """`cpu_decode.quantize_int8` (the CPU decode step's own int8 cache write, numpy's form) and
+    `cpu_kernels.store_int8` (numba's) store what the reference stores: every code and every scale,
+    ties and an all-zero row included."""
     from kernels.kv_quant import INT8_MAX, quantize_kv_reference
-    from labkit import cpu_decode
+    from labkit import cpu_decode, cpu_kernels
     assert cpu_decode.INT8_MAX == INT8_MAX
     for seed in range(20):
         torch.manual_seed(seed)
@@ -53,6 +55,13 @@ def test_the_cpu_steps_numpy_int8_is_the_kernels_reference_bit_for_bit():
         want, want_scale = quantize_kv_reference(x, "int8")
         assert (got == want.numpy()).all(), f"seed {seed}: {(got != want.numpy()).sum()} codes differ"
         assert (got_scale == want_scale.numpy()).all() and got_scale.dtype == want_scale.numpy().dtype
+        if cpu_kernels.AVAILABLE:  # the step's numba store of the same rows, one position at a time
+            B, Hkv, T, dh = x.shape
+            codes, scales = np.zeros((B, Hkv, T + 2, dh), np.int8), np.zeros((B, Hkv, T + 2), np.float32)
+            for t in range(T):
+                cpu_kernels.store_int8(x[:, :, t].numpy(), codes, scales, t + 1)  # a strided view, as in the step
+            assert (codes[:, :, 1:T + 1] == want.numpy()).all() and not codes[:, :, [0, T + 1]].any()
+            assert (scales[:, :, 1:T + 1].view(np.uint32) == want_scale.numpy().view(np.uint32)).all()
 
 
 @pytest.mark.parametrize("cache_dtype", ["bf16", "fp16", "fp8"])
