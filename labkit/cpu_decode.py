@@ -23,9 +23,10 @@ more than once. So here:
 
 Nothing is copied from the model but what `cpu_linear` prepares: the elementwise weights are
 numpy views of the model's tensors. At equal lengths the step writes the cache itself: fp32 and
-int8 through numpy views of its buffers (int8 quantised by `quantize_int8`, the kernels' reference
-in numpy, bit for bit), bf16, fp16 and fp8 by one converting torch copy each (fp8 scaled and
-clamped first, as the reference does); at mixed lengths through `KVCache.update` (which quantises).
+int8 through numpy views of its buffers (int8 quantised by `cpu_kernels.store_int8`, or without
+numba `quantize_int8`, the kernels' reference in numpy; both bit for bit), bf16, fp16 and fp8 by
+one converting torch copy each (fp8 scaled and clamped first, as the reference does); at mixed
+lengths through `KVCache.update` (which quantises).
 `tests/test_model.py` holds this step to the torch step for every cache dtype, both kinds of
 lengths, and each forced choice of products and attention.
 
