@@ -96,8 +96,12 @@ PANEL_MIN_ROWS = 1
 # 5.34-5.69; 24 as fast (8.95-9.26 against 8.62-9.33), and at S = 256 (3 rounds alternating in one
 # process, fastest / median) 4.70 / 5.51 against 5.18 / 5.88; from 32 rows MKL's were faster (S = 256:
 # 32 6.72 / 7.00 against 6.79 / 7.60, 64 11.4 / 11.8 against 14.6 / 14.7), where the arithmetic sets
-# the time. (With 16, lesson 04's throughput curve dipped at B = 24, where MKL took over.)
-MKL_FEW_ROWS = 24
+# the time. (With 16, lesson 04's throughput curve dipped at B = 24, where MKL took over.) 24 -> 28
+# once the panel product prefetched into the L2 and the step wrote its cache itself (3 alternating
+# processes each): B = 28 at S = 1,024 10.2-10.5 ms against MKL's 10.7-11.6, at S = 256 6.6-7.0
+# against 7.6-8.3; at 32 rows as fast or slower (S = 1,024 11.1-11.4 against 11.1-11.4, S = 256
+# 7.1-7.7 against 7.1-7.2), at 36 and 40 slower (12.9-13.0, 13.9-14.2 against 11.8-12.3, 12.9-13.2).
+MKL_FEW_ROWS = 28
 
 
 def mkl_packing_available() -> tuple[bool, str]:
