@@ -19,13 +19,6 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 # (~0.1 s) waiting for more, and keep the cores from torch's threads (prefill's SDPA and norms run
 # next); waiting 2^4 cycles gives the cores back at once. Read when numpy loads.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-# torch's CPU allocator asks for 2 MiB pages (transparent huge pages) for tensors of 2 MiB and more,
-# as numpy already does for its arrays: a decode step streams its KV cache, a torch tensor of up to
-# hundreds of MiB, and with 4 KiB pages it took a TLB miss every 4 KiB. Read at torch's first
-# allocation. Whole steps, 3 alternating processes on the 2-core Xeon VM, B = 16, S = 4,096: int8
-# cache 7.43-7.73 ms against 7.80-8.19, bf16 9.55-10.04 against 9.93-10.35, fp32 13.9-14.4 against
-# 14.2-14.6. Where the kernel gives no huge pages (THP off) nothing changes.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 # Without an NVIDIA GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
 # before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs). This

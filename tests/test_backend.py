@@ -151,42 +151,22 @@ def test_on_a_real_gpu_the_choice_and_memory_are_consistent():
 
 
 def test_importing_labkit_sets_the_thread_waits_before_torch_or_numpy_load():
-    """OMP_WAIT_POLICY, GOMP_SPINCOUNT, OPENBLAS_THREAD_TIMEOUT and THP_MEM_ALLOC_ENABLE are read
-    once, when torch's OpenMP (and numba's) and numpy's OpenBLAS load, or at torch's first
-    allocation: `import labkit` must set them (unless the user did) and load neither library."""
+    """OMP_WAIT_POLICY, GOMP_SPINCOUNT and OPENBLAS_THREAD_TIMEOUT are read once, when torch's
+    OpenMP (and numba's) and numpy's OpenBLAS load: `import labkit` must set them (unless the user
+    did) and load neither library."""
     import os
     import subprocess
     import sys
 
     code = ("import os, sys; import labkit; "
             "print(os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_THREAD_TIMEOUT'], os.environ['GOMP_SPINCOUNT'], "
-            "os.environ['THP_MEM_ALLOC_ENABLE'], 'numpy' in sys.modules, 'torch' in sys.modules)")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT", "THP_MEM_ALLOC_ENABLE")}
+            "'numpy' in sys.modules, 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert out.stdout.split() == ["PASSIVE", "4", "10000", "1", "False", "False"], out.stdout
+    assert out.stdout.split() == ["PASSIVE", "4", "10000", "False", "False"], out.stdout
     mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**env, "OPENBLAS_THREAD_TIMEOUT": "10", "GOMP_SPINCOUNT": "0"})
     assert mine.stdout.split()[1:3] == ["10", "0"]  # a user's own setting wins
-
-
-def test_a_kv_cache_on_the_cpu_gets_huge_pages_where_the_kernel_gives_them():
-    """THP_MEM_ALLOC_ENABLE (set by `import labkit`) reaches torch's allocator: a 64 MiB KV cache is
-    backed by 2 MiB pages, counted in AnonHugePages. Skipped where the kernel has THP off."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not thp.exists() or "[never]" in thp.read_text():
-        pytest.skip("transparent huge pages are off (or not Linux) here")
-    code = ("import labkit; from labkit.kvcache import KVCache; from labkit.specs import get_model; "
-            "c = KVCache(get_model('lab-cpu'), 16, 1024, 'fp32', 'cpu'); c.k.fill_(1); c.v.fill_(1); "
-            "print([int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')][0])")
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}  # labkit's default
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert int(out.stdout) >= 32 << 10, f"AnonHugePages {out.stdout.strip()} kB for a 64 MiB cache"
 
 
 def test_dtype_names_are_turned_into_torch_dtypes_in_one_place():

@@ -88,6 +88,34 @@ def test_the_cpu_steps_converting_copy_stores_what_update_stores_bit_for_bit(cac
         assert torch.equal(got, want), f"seed {seed}: {(got != want).sum().item()} stored values differ"
 
 
+def test_a_cpu_cache_gets_huge_pages_where_the_kernel_gives_them():
+    """A KV cache on the CPU comes from numpy's allocator, which asks for 2 MiB pages: a 64 MiB
+    cache is counted in AnonHugePages (torch's own allocator gives none by default). Skipped where
+    the kernel has transparent huge pages off, or is not Linux."""
+    import subprocess
+    from pathlib import Path
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off (or not Linux) here")
+    code = ("import torch; from labkit.kvcache import KVCache; from labkit.specs import get_model; "
+            "c = KVCache(get_model('lab-cpu'), 16, 1024, 'bf16', 'cpu'); c.k.fill_(1); c.v.fill_(1); "
+            "assert c.k.dtype == torch.bfloat16 and c.k.shape == (4, 16, 2, 1024, 64); "
+            "print([int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')][0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) >= 24 << 10, f"AnonHugePages {out.stdout.strip()} kB for a 32 MiB bf16 cache"
+
+
+def test_a_cpu_cache_starts_as_zeros_of_its_dtype_and_shape():
+    for cache_dtype in ("fp32", "bf16", "fp8", "int8"):
+        cache = kvcache.KVCache(get_model("lab-tiny"), 3, 5, cache_dtype, "cpu")
+        for buffer in (cache.k, cache.v):
+            assert buffer.shape == (2, 3, 2, 5, 16) and buffer.is_contiguous() and buffer.device.type == "cpu"
+            assert buffer.dtype == kvcache.torch_dtype(cache_dtype, kvcache.CACHE_DTYPES)
+            assert not buffer.float().any(), f"{cache_dtype}: not zeros"
+        assert cache.k.data_ptr() != cache.v.data_ptr()
+
+
 def test_int8_codes_round_trip_within_half_a_step():
     x = fresh_rows(torch.float32)
     codes, scale = quantize(x, "int8")
