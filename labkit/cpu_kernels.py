@@ -559,6 +559,11 @@ if AVAILABLE:
         odd = builder.and_(words, ir.Constant(ir.VectorType(i32, n), [-0x10000] * n))
         return tuple(builder.bitcast(w, ir.VectorType(f32, n)) for w in (even, odd))
 
+    def _in_halves(kind, dh):
+        """Whether the K and V passes widen this cache as `_bf16_halves` does: bf16, with halves
+        of 16 lanes or more (`_fold_to_16`'s smallest)."""
+        return kind == "bf16" and dh >= 32
+
     def _split_even_odd(builder, v, dh):
         """<dh x float> -> (its even lanes, its odd lanes), two <dh / 2 x float>."""
         return (_shuffle(builder, v, v, list(range(0, dh, 2))), _shuffle(builder, v, v, list(range(1, dh, 2))))
@@ -624,7 +629,7 @@ if AVAILABLE:
                 eight = ir.VectorType(f32, 8)
                 queries = [builder.load(builder.bitcast(q.data, ir.VectorType(f32, dh).as_pointer()), align=4)
                            for q in (q0, q1)]
-                halves = kind == "bf16" and dh >= 32  # (see `_bf16_halves`: 16 lanes or more each)
+                halves = _in_halves(kind, dh)
                 if halves:
                     queries = [_split_even_odd(builder, query, dh) for query in queries]
                 sums = ([], [])
@@ -680,7 +685,7 @@ if AVAILABLE:
                 i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
                 vector = ir.VectorType(f32, dh)
                 starts = [builder.load(builder.bitcast(o.data, vector.as_pointer()), align=4) for o in (o0, o1)]
-                halves = kind == "bf16" and dh >= 32  # the sums as even and odd lanes (`_bf16_halves`)
+                halves = _in_halves(kind, dh)  # the sums as even and odd lanes
                 if halves:
                     starts = [half for start in starts for half in _split_even_odd(builder, start, dh)]
                 lanes = dh // 2 if halves else dh

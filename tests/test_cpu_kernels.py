@@ -67,8 +67,9 @@ def test_pack_panels_lays_out_each_16_columns_contiguously_with_zeros_past_the_e
 @pytest.mark.parametrize("rows", [4, 8, 12, 16, 24, 28, 32, 40])
 @pytest.mark.parametrize("out_features", [16, 40, 257])
 def test_panel_linear_equals_its_reference(rows, out_features):
-    """Tiles of 16 rows, then one of 8 (24, 40 rows) and one of 4 (4, 12, 28 rows), over two uneven shares of the panels (each
-    share's prefetch stops at its own end) and on the cores; a padded last panel (40, 257)."""
+    """Tiles of 16 rows, then one of 8 (24, 40 rows) and one of 4 (4, 12, 28 rows), over two
+    uneven shares of the panels (each share's prefetch stops at its own end) and on the cores; a
+    padded last panel (40, 257)."""
     x = rng(12).standard_normal((rows, 96), dtype=np.float32)
     w = rng(13).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
     ref = cpu_kernels.few_rows_linear_reference(x, w)

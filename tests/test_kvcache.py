@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import kvcache
+from labkit import dtypes, kvcache
 from labkit.specs import get_model
 
 TINY = get_model("lab-tiny")
@@ -89,9 +89,9 @@ def test_the_cpu_steps_converting_copy_stores_what_update_stores_bit_for_bit(cac
 
 
 def test_a_cpu_cache_gets_huge_pages_where_the_kernel_gives_them():
-    """A KV cache on the CPU comes from numpy's allocator, which asks for 2 MiB pages: a 64 MiB
-    cache is counted in AnonHugePages (torch's own allocator gives none by default). Skipped where
-    the kernel has transparent huge pages off, or is not Linux."""
+    """A KV cache on the CPU comes from numpy's allocator, which asks for 2 MiB pages: a 32 MiB
+    bf16 cache is counted in AnonHugePages (torch's own allocator gives none by default). Skipped
+    where the kernel has transparent huge pages off, or is not Linux."""
     import subprocess
     from pathlib import Path
 
@@ -111,7 +111,7 @@ def test_a_cpu_cache_starts_as_zeros_of_its_dtype_and_shape():
         cache = kvcache.KVCache(get_model("lab-tiny"), 3, 5, cache_dtype, "cpu")
         for buffer in (cache.k, cache.v):
             assert buffer.shape == (2, 3, 2, 5, 16) and buffer.is_contiguous() and buffer.device.type == "cpu"
-            assert buffer.dtype == kvcache.torch_dtype(cache_dtype, kvcache.CACHE_DTYPES)
+            assert buffer.dtype == dtypes.torch_dtype(cache_dtype)
             assert not buffer.float().any(), f"{cache_dtype}: not zeros"
         assert cache.k.data_ptr() != cache.v.data_ptr()
 
