@@ -17,6 +17,12 @@ it; a run whose budget ran out first is flagged noisy. Should the parts ever sum
 the whole (the timer's own cost, ~0.35 us a part, or noise), the overhead shows as 0 and
 `parts_exceed_whole` says so.
 
+The CPU decode step normally runs as one compiled call (`cpu_step`), which has nothing between its
+kernels to bracket. A breakdown therefore times the same kernels issued call by call, both the
+whole and the timed run (`clock.CALL_BY_CALL`): its overhead is the Python between those calls,
+which the one-call step does not pay, and its whole can be slower than `measure decode`'s step
+(`step_form` says which form was timed).
+
 The roof beside each part comes from `roofline.prefill_work_by_category` /
 `decode_work_by_category`: its FLOPs at the calibrated matmul peak and its bytes at the bandwidth
 of the step's working set (`roofline.roof_at_working_set`, the roof `sweeps` judges the same step
@@ -38,7 +44,7 @@ import numbers
 import torch
 
 from . import backend, calibrate, roofline, sweeps
-from .clock import CATEGORIES, OFF, Clock
+from .clock import CALL_BY_CALL, CATEGORIES, OFF, Clock
 from .errors import LabError
 from .specs import ModelSpec
 from .timing import call_seconds, sample_until_stable
@@ -124,7 +130,11 @@ def _time_parts(built, step, after, budget_s: float) -> dict:
     "timed" (the same step with the clock hooked in) and each category's parts within it;
     `after()` runs untimed after every step."""
     def sample() -> dict[str, float]:
-        whole_s = call_seconds(step)
+        built.clock = CALL_BY_CALL  # the same calls as the timed run (no one-call CPU step)
+        try:
+            whole_s = call_seconds(step)
+        finally:
+            built.clock = OFF
         after()
         clock = Clock()
         built.clock = clock
@@ -167,6 +177,7 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
     return {"phase": phase, "device": built.device.type, "device_name": backend.device_name(built.device.type),
             "hardware": hardware.name, "model": built.spec.name, **shape, "compute_dtype": dtype,
             "kernels": built.decode_path.name if phase == "decode" else built.ops.name,
+            "step_form": "call by call (the parts bracketed one by one)",
             "time_s": whole_s, "timed_time_s": timings["timed"].estimate_s,
             "hook_cost_s": timings["timed"].estimate_s - whole_s, "parts_time_s": parts_s,
             "parts_exceed_whole": parts_s > whole_s, "noisy": any(t.noisy for t in timings.values()),

@@ -8,7 +8,8 @@
 
 `OFF`, every model's default, times nothing: `OFF.time(c)` is one shared do-nothing context and
 `OFF.timed(c, fn)` is `fn` itself, so a step that is not being broken down runs the same calls,
-at a few tenths of a microsecond per `with`.
+at a few tenths of a microsecond per `with`. `CALL_BY_CALL` times nothing too, and keeps a step
+that could run as one compiled call (`cpu_step`) in its separate, bracketable calls.
 
 Why a hook and not a profiler: the lab's claim is about *this* step's parts as they ran, each
 bracketed by `time.perf_counter` around the real call; what the brackets leave out (Python
@@ -102,3 +103,7 @@ class _Off:
 
 
 OFF = _Off()
+# Times nothing either, but asks for the step as separate calls: the CPU decode step otherwise runs
+# as one compiled call (`cpu_step`), which has no parts to bracket. `labkit.breakdown` times its
+# whole step under this clock, so the whole and the timed run are the same calls.
+CALL_BY_CALL = _Off()

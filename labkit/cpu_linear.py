@@ -259,6 +259,12 @@ class MklProducts:
         """Per weight, its pack for `rows` rows."""
         return [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in self.weights]
 
+    def all_panels(self, rows: int) -> tuple | None:
+        """Every weight's panels where every product at `rows` rows is the panel product, else None."""
+        if self.few is None or rows > MKL_FEW_ROWS:
+            return None
+        return self.few.all_panels(rows)
+
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
         if self.few is not None and rows <= MKL_FEW_ROWS and self.few.panels.enabled:
@@ -303,6 +309,16 @@ class Panels:
             except FootprintError as err:
                 self.enabled, self.why_not = False, str(err).split("; ")[0]
         return self.enabled
+
+    def all(self) -> tuple:
+        """Every weight's panels, in order (copied on first use, as `__call__` copies them), or
+        None where they do not fit in free memory."""
+        if not self.fits():
+            return None
+        for i, w in enumerate(self.weights):
+            if i not in self.packed:
+                self.packed[i] = cpu_kernels.pack_panels(w.numpy())
+        return tuple(self.packed[i] for i in range(len(self.weights)))
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         """x [B, in] @ weights[i].T -> [B, out] fp32 (a view of a padded result)."""
@@ -355,6 +371,12 @@ class NumbaProducts:
     def threads(self):
         """A context for the step's products: nothing to set (the kernel runs where it is called)."""
         return nullcontext()
+
+    def all_panels(self, rows: int) -> tuple | None:
+        """Every weight's panels where every product at `rows` rows is the panel product, else None."""
+        if not all(self.panels.takes(i, rows) for i in range(len(self.weights))):
+            return None
+        return self.panels.all()
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         """x @ w.T: a small product on this thread (even numba's hand-off costs more than it

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.tolerances import float_tolerance  # noqa: E402
-from labkit import backend, cpu_decode, cpu_kernels, cpu_linear, decode_paths, roofline  # noqa: E402
+from labkit import backend, cpu_decode, cpu_kernels, cpu_linear, cpu_step, decode_paths, roofline  # noqa: E402
 from labkit.errors import FootprintError, LabError  # noqa: E402
 from labkit.model import Llama  # noqa: E402
 from labkit.specs import get_model, model_from_config, with_changes  # noqa: E402
@@ -211,6 +211,9 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
         real_on_cores = cpu_kernels.decode_attention_on_cores
         monkeypatch.setattr(cpu_kernels, "decode_attention_on_cores",
                             lambda *args: (shared_out.append(args[-1]), real_on_cores(*args))[1])
+        real_step = cpu_step.run_step  # the one-call step: its attention's parts, once per layer
+        monkeypatch.setattr(cpu_step, "run_step", lambda *args: (
+            shared_out.extend([args[-2]] * TINY.n_layers if args[-2] > 1 else []), real_step(*args))[1])
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=3)
                    for _ in range(2))
     if linear is not None:

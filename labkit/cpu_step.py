@@ -1,0 +1,200 @@
+"""The CPU decode step as ONE numba call: every layer's products, attention and elementwise work,
+and the LM head, with no Python between them.
+
+Why it exists: `cpu_decode.CpuDecode.step` issues ~40 calls a step from Python. Each is cheap on
+its own (a numba dispatch is ~1-2 us), but a decode step streams its weights and its cache through
+every level of the CPU's caches, so the Python, numpy and numba code that runs between two kernels
+finds its own instructions and data evicted and pays a memory access for most of them. Measured on
+the 2-core Xeon VM (lab-cpu, S = 1,024, the median of 40 steps, each kernel bracketed): at B = 16,
+0.77 of a 6.06 ms step ran outside the kernels, at B = 1 0.32 of 1.86 ms; one tiny torch operation
+took ~90 us right after the LM head against ~4 us on its own. Here the same kernels
+(`cpu_kernels`) run back to back inside one compiled function, so that time is gone.
+
+It applies where every product is the panel product (`cpu_linear.Panels`, an Intel CPU with
+AVX-512, up to `cpu_linear.MKL_FEW_ROWS` rows), attention is numba's, every row has the same length
+(static batching, the sweeps) and the cache stores fp32, bf16, fp16, fp8 or int8 — `CpuDecode`
+checks, and keeps its call-by-call step everywhere else, and while the breakdown's clock is hooked
+in (a single call has no parts to bracket).
+
+The cache writes are the call-by-call step's, bit for bit (tested): fp32 as is, int8 by
+`cpu_kernels.store_int8`, and bf16, fp16 and fp8 rounded as torch's conversions round (to nearest,
+ties to even; fp8 after the reference's scale and clamp), here in numba instead of a torch copy.
+
+Shapes: tokens [B]; activations [Bp, d], Bp = B rounded up to a multiple of 4 (the panel product's
+smallest tile) with zero rows past B, which every operation keeps at zero; caches [L, B, Hkv, T, dh]
+as stored (`cpu_decode.AS_STORED`); logits [Bp, 16 P] (the caller takes [:B, :V]).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import cpu_kernels
+
+AVAILABLE = cpu_kernels.AVAILABLE
+STORES = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}  # how `decode_step` writes each cache
+FP8_NAN_FROM_BITS = np.uint32(1087 << 20)  # 480.0: torch turns |x| >= this into e4m3's NaN (0x7F)
+
+if AVAILABLE:
+    import numba
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    from .cpu_kernels import (decode_attention, decode_attention_on_cores, panel_linear_on_cores, rms_norm,
+                              rotate_in_place, store_int8, swiglu)
+
+    @intrinsic
+    def _float32_bits(typingctx, value):
+        """The bits of an fp32 as a uint32."""
+        if value != types.float32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+        return types.uint32(value), codegen
+
+    @intrinsic
+    def _float32_from_bits(typingctx, bits):
+        """The fp32 whose bits are the low 32 bits of the integer `bits` (numba widens integer
+        arithmetic to 64 bits)."""
+        if not isinstance(bits, types.Integer) or bits.bitwidth < 32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            low = args[0] if bits.bitwidth == 32 else builder.trunc(args[0], ir.IntType(32))
+            return builder.bitcast(low, ir.FloatType())
+        return types.float32(bits), codegen
+
+    @intrinsic
+    def _half_bits(typingctx, value):
+        """An fp32 rounded to fp16 (IEEE: to nearest, ties to even, as torch's `.half()`), as its
+        16 bits in an int16 (the cache's numpy view of fp16)."""
+        if value != types.float32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return types.int16(value), codegen
+
+    @numba.njit(cache=True)
+    def bf16_bits(value):
+        """An fp32 rounded to bf16 as torch rounds it (to nearest, ties to even; NaN to 0x7FC0),
+        as its 16 bits in a uint16 (the cache's numpy view of bf16)."""
+        if value != value:
+            return np.uint16(0x7FC0)
+        bits = _float32_bits(value)
+        return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+    @numba.njit(cache=True)  # no fastmath: the subnormals' add must round as torch's does
+    def fp8_bits(value):
+        """An fp32 rounded to float8_e4m3fn as torch's conversion rounds it (c10's
+        fp8e4m3fn_from_fp32_value: to nearest, ties to even; |x| >= 480 to NaN, 0x7F), as a uint8.
+        Subnormals (below 2^-6) by adding 2^-6 * 2^9... as a float (`denorm`), which rounds them."""
+        bits = _float32_bits(value)
+        sign = bits & np.uint32(0x80000000)
+        bits ^= sign
+        if bits >= FP8_NAN_FROM_BITS:
+            code = np.uint32(0x7F)
+        elif bits < np.uint32(121 << 23):  # below 2^-6: e4m3's subnormals, rounded by a float add
+            denorm = np.uint32(141 << 23)
+            code = (_float32_bits(_float32_from_bits(bits) + _float32_from_bits(denorm)) - denorm) & np.uint32(0xFF)
+        else:  # rebias the exponent (127 -> 7) and round the mantissa's 23 bits to 3
+            odd = (bits >> np.uint32(20)) & np.uint32(1)
+            code = ((bits - np.uint32(120 << 23) + np.uint32(0x7FFFF) + odd) >> np.uint32(20)) & np.uint32(0xFF)
+        return np.uint8(code | (sign >> np.uint32(24)))
+
+    @numba.njit(cache=True)  # no fastmath: x * inverse, then the clamp, rounded as the reference's numpy
+    def store_rounded(x, target, position, kind, inverse):
+        """x [B, Hkv, dh] fp32 into target[:, :, position] ([B, Hkv, T, dh] as stored): bf16 (kind
+        1) or fp16 (2) rounded, fp8 (3) scaled by `inverse` (the layer's scale.reciprocal()) and
+        clamped to +-448 first, as `cpu_decode.store_converted`."""
+        B, Hkv, dh = x.shape
+        for b in range(B):
+            for h in range(Hkv):
+                for j in range(dh):
+                    value = x[b, h, j]
+                    if kind == 1:
+                        target[b, h, position, j] = bf16_bits(value)
+                    elif kind == 2:
+                        target[b, h, position, j] = _half_bits(value)
+                    else:
+                        value = min(max(value * inverse, np.float32(-448)), np.float32(448))
+                        target[b, h, position, j] = fp8_bits(value)
+
+    @numba.njit(nogil=True, cache=True)
+    def store_as_is(x, target, position):
+        """x [B, Hkv, dh] fp32 into target[:, :, position] of an fp32 cache [B, Hkv, T, dh]."""
+        B, Hkv, dh = x.shape
+        for b in range(B):
+            for h in range(Hkv):
+                for j in range(dh):
+                    target[b, h, position, j] = x[b, h, j]
+
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def _product(x, panels, parts):
+        """x [Bp, K] @ the panels [P, K, 16] -> a new [Bp, 16 P], on `parts` of numba's threads."""
+        out = np.empty((x.shape[0], panels.shape[0] * 16), np.float32)
+        panel_linear_on_cores(x, panels, out, parts)
+        return out
+
+    @numba.njit(nogil=True, fastmath=True, cache=True)
+    def decode_step(tokens, embed, attn_norms, mlp_norms, final_norm, eps, panels, heads, cos, sin, K_all,
+                    V_all, k_scales, v_scales, k_all, v_all, k_inverse, v_inverse, store, position, lengths,
+                    scale, parts, attention_parts, padded_rows):
+        """One decode step of a Llama (`model.Llama.decode_layers`' arithmetic) -> logits [Bp, 16 P].
+
+        tokens [B] int64; embed [V, d]; attn_norms, mlp_norms: per layer [d]; final_norm [d];
+        panels: the 17 products' panels, per layer wqkv, wo, w_gate_up, w_down, then the head;
+        heads = (H, Hkv); cos, sin [1, 1, dh] (`CpuDecode._rope`); K_all, V_all [L, B, Hkv, T, dh]
+        as stored, written at `position` and read up to lengths[b] keys; k_scales, v_scales: int8's
+        [L, B, Hkv, T] (else [1, 1, 1, 1], unread); k_all, v_all [L]: fp8's per-layer scales (else
+        ones); k_inverse, v_inverse [L]: their reciprocals; store: `STORES`' code; scale: 1/sqrt(dh);
+        parts, attention_parts: threads for the products and for attention (1: this thread)."""
+        B, (H, Hkv) = tokens.shape[0], heads
+        d, dh = embed.shape[1], cos.shape[2]
+        G = H // Hkv
+        per_token = store == 4
+        x = np.zeros((padded_rows, d), np.float32)
+        for b in range(B):
+            x[b] = embed[tokens[b]]
+        for i in range(len(attn_norms)):
+            qkv = _product(rms_norm(x, attn_norms[i], eps), panels[4 * i], parts).reshape((padded_rows, -1, dh))
+            rotate_in_place(qkv[:B, :H + Hkv], cos, sin)  # RoPE on q and k at once
+            k, v = qkv[:B, H:H + Hkv], qkv[:B, H + Hkv:H + 2 * Hkv]  # [B, Hkv, dh] each
+            if store == 0:
+                store_as_is(k, K_all[i], position)
+                store_as_is(v, V_all[i], position)
+            elif store == 4:
+                store_int8(k, K_all[i], k_scales[i], position)
+                store_int8(v, V_all[i], v_scales[i], position)
+            else:
+                store_rounded(k, K_all[i], position, store, k_inverse[i])
+                store_rounded(v, V_all[i], position, store, v_inverse[i])
+            q = np.empty((B, Hkv, G, dh), np.float32)  # pre-scaled, the G queries of a kv head together
+            for b in range(B):
+                for h in range(H):
+                    for j in range(dh):
+                        q[b, h // G, h % G, j] = qkv[b, h, j] * scale
+            o = np.empty_like(q)
+            layer = i if per_token else 0
+            if attention_parts == 1:
+                decode_attention(q, K_all[i], V_all[i], per_token, k_scales[layer], v_scales[layer], k_all[i],
+                                 v_all[i], lengths, o, 0, B * Hkv)
+            else:
+                decode_attention_on_cores(q, K_all[i], V_all[i], per_token, k_scales[layer], v_scales[layer],
+                                          k_all[i], v_all[i], lengths, o, attention_parts)
+            attended = np.zeros((padded_rows, H * dh), np.float32)
+            attended[:B] = o.reshape((B, H * dh))
+            x += _product(attended, panels[4 * i + 1], parts)
+            gated = swiglu(_product(rms_norm(x, mlp_norms[i], eps), panels[4 * i + 2], parts))
+            x += _product(gated, panels[4 * i + 3], parts)
+        return _product(rms_norm(x, final_norm, eps), panels[4 * len(attn_norms)], parts)
+
+
+def run_step(*args):
+    """`decode_step(*args)`, numba's thread pool started first: `decode_step` is not a parallel
+    function itself (the products and attention it calls are), and a process that loads it from
+    numba's cache before any parallel function has run would call into a pool that does not exist
+    (a segmentation fault, numba 0.68). `numba.get_num_threads` starts the pool if it is not."""
+    numba.get_num_threads()
+    return decode_step(*args)
