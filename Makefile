@@ -48,7 +48,7 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	  $(PY) -m pip install -q --progress-bar off -r requirements.txt -r requirements-cpu.txt; \
 	fi; \
 	$(PY) -m pip install -q --progress-bar off -e . --no-deps; \
-	echo "venv: compiling the CPU decode step's numba kernels once (about 25 s; see labkit/warm.py)"; \
+	echo "venv: compiling the CPU decode step's numba kernels once (about 40 s; see labkit/warm.py)"; \
 	$(PY) -m labkit.warm; \
 	touch $@
 

@@ -3,13 +3,15 @@
 Why: numba compiles a kernel on its first call and keeps the machine code in `labkit/__pycache__`
 (`cache=True`), where every later process loads it in milliseconds. Without this, a learner's first
 decode step on a fresh machine waited ~10 s and the first step with each other cache dtype ~5 s
-more (2-core Xeon VM), in the middle of a lesson. `make venv` runs it once (~25 s); a run finds what
+more (2-core Xeon VM), in the middle of a lesson. `make venv` runs it once (~40 s); a run finds what
 an earlier one compiled and takes a few seconds.
 
 It runs lab-cpu's own decode step (so the kernels meet the same array types, layouts and sizes as in
 the lessons: which kernel a product or an attention takes depends on them) for every CPU cache
 dtype at batch sizes that reach each kernel: 1 (one row at a time), 4 and 16 (the panel product,
-attention shared out to the cores). Contexts are short: nothing here is timed.
+attention shared out to the cores), as one call (`cpu_step`) where that applies; the separate calls
+a breakdown times reuse those kernels and take ~0.3 s more on their first step. Contexts are short:
+nothing here is timed.
 
     python -m labkit.warm          # prints one line: what it compiled, and how long it took
 """

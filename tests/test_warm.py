@@ -9,7 +9,7 @@ from labkit import backend, cpu_kernels, warm
 
 @pytest.mark.skipif(not cpu_kernels.AVAILABLE, reason="numba is not installed")
 def test_warm_runs_the_step_it_names(monkeypatch):
-    """One dtype at one batch (the whole set takes ~25 s from cold): the real model's step runs,
+    """One dtype at one batch (the whole set takes ~40 s from cold): the real model's step runs,
     and the line names what ran."""
     monkeypatch.setattr(warm, "CACHE_DTYPES", ("int8",))
     monkeypatch.setattr(warm, "BATCHES", (4,))
