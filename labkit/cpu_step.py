@@ -137,7 +137,11 @@ if AVAILABLE:
         panel_linear_on_cores(x, panels, out, parts)
         return out
 
-    @numba.njit(nogil=True, fastmath=True, cache=True)
+    # No fastmath here: numba compiles a function first called from a fastmath one with fastmath too,
+    # and keeps that compilation for every later caller, so `store_int8`'s division and rounding
+    # (whose reference rounds twice) would move by one bit depending on what ran first (it did).
+    # The kernels called below are fastmath themselves and stay so (numba adds the flag, never drops it).
+    @numba.njit(nogil=True, cache=True)
     def decode_step(tokens, embed, attn_norms, mlp_norms, final_norm, eps, panels, heads, cos, sin, K_all,
                     V_all, k_scales, v_scales, k_all, v_all, k_inverse, v_inverse, store, position, lengths,
                     scale, parts, attention_parts, padded_rows):
