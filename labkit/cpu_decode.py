@@ -11,7 +11,7 @@ more than once. So here:
     `swiglu`: one call where numpy makes 4-8), or as numpy calls without numba (far cheaper per
     call than torch's; they are the fused kernels' references);
   * the 17 products run on weights prepared once (`cpu_linear`: MKL's packed weights on an
-    Intel CPU, up to 28 rows numba's kernels and panel product where there is AVX-512, numba's
+    Intel CPU, up to 32 rows numba's kernels and panel product where there is AVX-512, numba's
     few-row kernels elsewhere with oneDNN's packed weights from 8 rows, numpy's BLAS without
     numba), so the step reads
     each weight once whatever B is, as the roofline counts;

@@ -101,7 +101,10 @@ PANEL_MIN_ROWS = 1
 # processes each): B = 28 at S = 1,024 10.2-10.5 ms against MKL's 10.7-11.6, at S = 256 6.6-7.0
 # against 7.6-8.3; at 32 rows as fast or slower (S = 1,024 11.1-11.4 against 11.1-11.4, S = 256
 # 7.1-7.7 against 7.1-7.2), at 36 and 40 slower (12.9-13.0, 13.9-14.2 against 11.8-12.3, 12.9-13.2).
-MKL_FEW_ROWS = 28
+# 28 -> 32 once the panel product's step ran as one call (`cpu_step`; 5 rounds alternating in one
+# process): B = 32 at S = 1,024 10.1-10.8 ms against MKL's 10.4-11.2, at S = 256 5.3-6.2 against
+# 5.7-6.8; at 36 rows no faster (11.3-12.4 against 11.3-11.9), so MKL keeps those.
+MKL_FEW_ROWS = 32
 
 
 def mkl_packing_available() -> tuple[bool, str]:
