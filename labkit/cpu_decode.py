@@ -189,19 +189,14 @@ class CpuDecode:
         """`step` as one call of `cpu_step.decode_step` -> logits [B, V] fp32."""
         spec, B = self.model.spec, tokens.shape[0]
         L, Hkv, dh = spec.n_layers, spec.n_kv_heads, spec.head_dim
-        as_torch, as_numpy = AS_STORED[cache.cache_dtype]
-        K_all, V_all = (t.view(as_torch).numpy().view(as_numpy) for t in (cache.k, cache.v))  # [L, B, Hkv, T, dh]
-        int8, fp8 = cache.cache_dtype == "int8", cache.cache_dtype == "fp8"
-        k_scales, v_scales = (cache.k_scale.numpy(), cache.v_scale.numpy()) if int8 else (NO_SCALES, NO_SCALES)
+        K_all, V_all, k_scales, v_scales = _as_stored(cache)
+        fp8 = cache.cache_dtype == "fp8"
         ones = np.ones(L, np.float32)
         k_all, v_all = (cache.k_scale.numpy(), cache.v_scale.numpy()) if fp8 else (ones, ones)  # [L]
         k_inverse, v_inverse = ((cache.k_scale.reciprocal().numpy(), cache.v_scale.reciprocal().numpy()) if fp8
                                 else (ones, ones))
         lengths = np.full(B, max_length, np.int32)
-        read_bytes = 2 * B * max_length * Hkv * dh * K_all.itemsize  # K + V, one layer
-        units = B * Hkv
-        attention_parts = (1 if read_bytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2 or units < 2
-                           else min(units, CORES))
+        attention_parts = _attention_parts(B * Hkv, 2 * B * max_length * Hkv * dh * K_all.itemsize)
         cos, sin = self._rope(np.array([position]))
         step = cpu_kernels.PANEL_TILE_ROWS[-1]
         logits = cpu_step.run_step(
@@ -225,11 +220,8 @@ class CpuDecode:
 
     def _numba_reader(self, cache, mixed, max_length):
         """`cpu_kernels.decode_attention` on numpy views of the cache's buffers, as stored."""
-        as_torch, as_numpy = AS_STORED[cache.cache_dtype]
-        K_all, V_all = (t.view(as_torch).numpy().view(as_numpy) for t in (cache.k, cache.v))  # [L, B, Hkv, S, dh]
+        K_all, V_all, k_scales, v_scales = _as_stored(cache)
         per_token = cache.cache_dtype == "int8"
-        k_scales, v_scales = ((cache.k_scale.numpy(), cache.v_scale.numpy()) if per_token
-                              else (NO_SCALES, NO_SCALES))  # [L, B, Hkv, S]
         per_layer = cache.cache_dtype == "fp8"  # one scale per layer for K and for V
         lengths = (cache.lengths.numpy() + 1 if mixed  # [B] keys each row sees, the new one included
                    else np.full(cache.batch, max_length, np.int32))
@@ -237,8 +229,7 @@ class CpuDecode:
         G, scale = spec.n_heads // spec.n_kv_heads, np.float32(spec.head_dim ** -0.5)
 
         units = cache.batch * spec.n_kv_heads  # the kernel's tasks: one (row, kv head) each
-        read_bytes = 2 * int(lengths.sum()) * spec.n_kv_heads * spec.head_dim * K_all.itemsize  # K + V, one layer
-        parts = 1 if read_bytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2 or units < 2 else min(units, CORES)
+        parts = _attention_parts(units, 2 * int(lengths.sum()) * spec.n_kv_heads * spec.head_dim * K_all.itemsize)
 
         def attend(i, q):
             B, H, dh = q.shape
@@ -292,6 +283,23 @@ class CpuDecode:
         units = [slice(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
         on_every_core(lambda p: _attend(qu[units[p]], Ku[units[p]], Vu[units[p]], ou[units[p]]), parts)
         return out
+
+
+def _as_stored(cache):
+    """(K, V, k_scales, v_scales) of `cache` for numba's attention: numpy views of its buffers
+    [L, B, Hkv, T, dh] as stored (`AS_STORED`), int8's per-token scales [L, B, Hkv, T] (else
+    `NO_SCALES`, unread)."""
+    as_torch, as_numpy = AS_STORED[cache.cache_dtype]
+    K_all, V_all = (t.view(as_torch).numpy().view(as_numpy) for t in (cache.k, cache.v))
+    if cache.cache_dtype == "int8":
+        return K_all, V_all, cache.k_scale.numpy(), cache.v_scale.numpy()
+    return K_all, V_all, NO_SCALES, NO_SCALES
+
+
+def _attention_parts(units: int, read_bytes: int) -> int:
+    """How many cores numba's attention shares a layer's `units` (row, kv head) tasks among: one
+    below ATTENTION_SPLIT_MIN_BYTES of K + V a layer (the hand-off costs more), else every core."""
+    return 1 if read_bytes < ATTENTION_SPLIT_MIN_BYTES or CORES < 2 or units < 2 else min(units, CORES)
 
 
 def quantize_int8(x):

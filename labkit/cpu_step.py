@@ -89,7 +89,8 @@ if AVAILABLE:
     def fp8_bits(value):
         """An fp32 rounded to float8_e4m3fn as torch's conversion rounds it (c10's
         fp8e4m3fn_from_fp32_value: to nearest, ties to even; |x| >= 480 to NaN, 0x7F), as a uint8.
-        Subnormals (below 2^-6) by adding 2^-6 * 2^9... as a float (`denorm`), which rounds them."""
+        Subnormals (below 2^-6): one fp32 addition of 2^14 (`denorm`), whose ulp is e4m3's subnormal
+        step 2^-9, rounds the value to a multiple of it; the sum's low bits are the code."""
         bits = _float32_bits(value)
         sign = bits & np.uint32(0x80000000)
         bits ^= sign
