@@ -105,10 +105,14 @@ class CpuDecode:
         # steps, 6 alternating rounds in one process, 2-core Xeon VM, S = 1,024: B = 1 3.22 against
         # 3.52 ms, B = 16 10.2 against 10.6 ms (at B = 4 within the noise).
         eps, fused = np.float32(model.spec.norm_eps), attention == "numba"
+        self._eps, self._norm_tuples = eps, tuple(tuple(n[j] for n in self.norms) for j in (0, 1))
         rms = cpu_kernels.rms_norm if fused else rms_norm
         self.rms = lambda x, weight: rms(x, weight, eps)  # noqa: E731
         self.rotate, self.gating = (_rotate_in_place, cpu_kernels.swiglu) if fused else (self._rotate, _swiglu)
         self.store_int8 = cpu_kernels.store_int8 if fused else store_int8
+        self._panels_at: dict = {}  # batch size -> the panels `cpu_step` multiplies by, or None
+        no_rows = np.empty((0, 1, model.spec.head_dim), np.float32)
+        self._rope_table = (no_rows, no_rows)  # (cos, sin) [T, 1, dh]: `_rope_rows`
         pair = (self.products.name, attention)
         self.name = {("blas", "numpy"): "numpy", ("numba", "numba"): "numba"}.get(pair, "+".join(pair))
         self.reason = (f"{reason}: products by {self.products.reason}; attention by "
@@ -132,11 +136,11 @@ class CpuDecode:
         part = self.model.clock
         mm = part.timed("products", self.products)
         attend = part.timed("attention", self._reader(cache, mixed, max_length))
-        rms, rotate, rope = (part.timed("other", f) for f in (self.rms, self.rotate, self._rope))
+        rms, rotate, rope = (part.timed("other", f) for f in (self.rms, self.rotate, self._rope_rows))
         add, gating = part.timed("other", np.add), part.timed("other", self.gating)
         # ----
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
-        cos, sin = rope(at)  # [B or 1, 1, dh]
+        cos, sin = rope(at)  # [B or 1, 1, dh], from the table `_rope_rows` keeps
         # At equal lengths the cache is written here: fp32 and int8 through numpy views of its buffers
         # [L, B, Hkv, T, dh] (and int8's scales [L, B, Hkv, T]), bf16, fp16 and fp8 by one torch copy
         # each that converts as it stores (fp8 after the reference's scale and clamp, in numpy);
@@ -182,30 +186,50 @@ class CpuDecode:
         if (self.attention != "numba" or mixed or self.model.clock is not OFF
                 or cache.cache_dtype not in cpu_step.STORES):
             return None
-        all_panels = getattr(self.products, "all_panels", None)
-        return all_panels(B) if all_panels is not None else None
+        if B not in self._panels_at:  # asked once per batch size: the panels never change
+            all_panels = getattr(self.products, "all_panels", None)
+            self._panels_at[B] = all_panels(B) if all_panels is not None else None
+        return self._panels_at[B]
 
     def _fused_step(self, tokens, cache, position, max_length, panels):
-        """`step` as one call of `cpu_step.decode_step` -> logits [B, V] fp32."""
+        """`step` as one call of `cpu_step.decode_step` -> logits [B, V] fp32. What does not change
+        between steps is made once: the cache's views (in `cache.memo`), the rotary table, the
+        model's constants. Why: this Python runs with its code evicted by the last step's streams,
+        ~150 us at B = 1 when every step rebuilt them (a tenth of the step)."""
         spec, B = self.model.spec, tokens.shape[0]
-        L, Hkv, dh = spec.n_layers, spec.n_kv_heads, spec.head_dim
-        K_all, V_all, k_scales, v_scales = _as_stored(cache)
-        fp8 = cache.cache_dtype == "fp8"
-        ones = np.ones(L, np.float32)
-        k_all, v_all = (cache.k_scale.numpy(), cache.v_scale.numpy()) if fp8 else (ones, ones)  # [L]
-        k_inverse, v_inverse = ((cache.k_scale.reciprocal().numpy(), cache.v_scale.reciprocal().numpy()) if fp8
-                                else (ones, ones))
-        lengths = np.full(B, max_length, np.int32)
-        attention_parts = _attention_parts(B * Hkv, 2 * B * max_length * Hkv * dh * K_all.itemsize)
-        cos, sin = self._rope(np.array([position]))
+        views = cache.memo.get("cpu_step")
+        if views is None:
+            views = cache.memo["cpu_step"] = self._fused_views(cache)
+        K_all = views[0]
+        attention_parts = _attention_parts(B * spec.n_kv_heads,
+                                           2 * B * max_length * spec.n_kv_heads * spec.head_dim * K_all.itemsize)
+        cos, sin = self._rope_rows(position)
         step = cpu_kernels.PANEL_TILE_ROWS[-1]
-        logits = cpu_step.run_step(
-            tokens.numpy(), self.embed, tuple(n for n, _ in self.norms), tuple(n for _, n in self.norms),
-            self.norm, np.float32(spec.norm_eps), panels, (spec.n_heads, Hkv), cos, sin, K_all, V_all,
-            k_scales, v_scales, k_all, v_all, k_inverse, v_inverse, cpu_step.STORES[cache.cache_dtype],
-            position, lengths, np.float32(dh ** -0.5), min(CORES, MAX_WORKERS), attention_parts,
-            -(-B // step) * step)
+        logits = cpu_step.run_step(tokens.numpy(), position, max_length, cos, sin, *views, panels, self.embed,
+                                   self._norm_tuples[0], self._norm_tuples[1], self.norm, self._eps,
+                                   (spec.n_heads, spec.n_kv_heads), np.float32(spec.head_dim ** -0.5),
+                                   min(CORES, MAX_WORKERS), attention_parts, -(-B // step) * step)
         return torch.from_numpy(logits[:B, :spec.vocab_size])
+
+    def _fused_views(self, cache):
+        """(K, V, k_scales, v_scales, k_all, v_all, store code) of `cache` for `cpu_step.decode_step`:
+        `_as_stored`'s views, fp8's per-layer scales [L] (views, so a scale set later is seen; ones
+        for the others) and how the step writes this dtype (`cpu_step.STORES`)."""
+        ones = np.ones(self.model.spec.n_layers, np.float32)
+        k_all, v_all = ((cache.k_scale.numpy(), cache.v_scale.numpy()) if cache.cache_dtype == "fp8"
+                        else (ones, ones))
+        return (*_as_stored(cache), k_all, v_all, cpu_step.STORES[cache.cache_dtype])
+
+    def _rope_rows(self, positions):
+        """(cos, sin) [n, 1, dh] for positions [n] (an int: n = 1, views), rows of a table of
+        `_rope` made once for every position up to the largest asked (doubling as it grows)."""
+        top = (positions if isinstance(positions, (int, np.integer)) else int(np.max(positions))) + 1
+        cos, sin = self._rope_table
+        if top > cos.shape[0]:
+            cos, sin = self._rope_table = self._rope(np.arange(max(top, 2 * cos.shape[0], 1024)))
+        if isinstance(positions, (int, np.integer)):
+            return cos[positions:positions + 1], sin[positions:positions + 1]
+        return cos[positions], sin[positions]
 
     def _reader(self, cache, mixed, max_length):
         """attend(layer, q [B, H, dh]) -> [B, H, dh] over each row's cached keys and the new one."""

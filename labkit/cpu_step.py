@@ -143,22 +143,24 @@ if AVAILABLE:
     # (whose reference rounds twice) would move by one bit depending on what ran first (it did).
     # The kernels called below are fastmath themselves and stay so (numba adds the flag, never drops it).
     @numba.njit(nogil=True, cache=True)
-    def decode_step(tokens, embed, attn_norms, mlp_norms, final_norm, eps, panels, heads, cos, sin, K_all,
-                    V_all, k_scales, v_scales, k_all, v_all, k_inverse, v_inverse, store, position, lengths,
-                    scale, parts, attention_parts, padded_rows):
+    def decode_step(tokens, position, max_length, cos, sin, K_all, V_all, k_scales, v_scales, k_all, v_all, store,
+                    panels, embed, attn_norms, mlp_norms, final_norm, eps, heads, scale, parts, attention_parts,
+                    padded_rows):
         """One decode step of a Llama (`model.Llama.decode_layers`' arithmetic) -> logits [Bp, 16 P].
 
-        tokens [B] int64; embed [V, d]; attn_norms, mlp_norms: per layer [d]; final_norm [d];
-        panels: the 17 products' panels, per layer wqkv, wo, w_gate_up, w_down, then the head;
-        heads = (H, Hkv); cos, sin [1, 1, dh] (`CpuDecode._rope`); K_all, V_all [L, B, Hkv, T, dh]
-        as stored, written at `position` and read up to lengths[b] keys; k_scales, v_scales: int8's
-        [L, B, Hkv, T] (else [1, 1, 1, 1], unread); k_all, v_all [L]: fp8's per-layer scales (else
-        ones); k_inverse, v_inverse [L]: their reciprocals; store: `STORES`' code; scale: 1/sqrt(dh);
-        parts, attention_parts: threads for the products and for attention (1: this thread)."""
+        Per step: tokens [B] int64; position (where the new K/V go); max_length (keys every row
+        attends to, the new one included); cos, sin [1, 1, dh] (`CpuDecode._rope_rows`). Per cache:
+        K_all, V_all [L, B, Hkv, T, dh] as stored; k_scales, v_scales: int8's [L, B, Hkv, T] (else
+        [1, 1, 1, 1], unread); k_all, v_all [L]: fp8's per-layer scales (else ones); store:
+        `STORES`' code. Per model: panels, the 17 products' (per layer wqkv, wo, w_gate_up, w_down,
+        then the head); embed [V, d]; attn_norms, mlp_norms: per layer [d]; final_norm [d]; eps;
+        heads = (H, Hkv); scale = 1/sqrt(dh); parts, attention_parts: threads for the products and
+        for attention (1: this thread); padded_rows = Bp."""
         B, (H, Hkv) = tokens.shape[0], heads
         d, dh = embed.shape[1], cos.shape[2]
         G = H // Hkv
         per_token = store == 4
+        lengths = np.full(B, max_length, np.int32)
         x = np.zeros((padded_rows, d), np.float32)
         for b in range(B):
             x[b] = embed[tokens[b]]
@@ -172,9 +174,9 @@ if AVAILABLE:
             elif store == 4:
                 store_int8(k, K_all[i], k_scales[i], position)
                 store_int8(v, V_all[i], v_scales[i], position)
-            else:
-                store_rounded(k, K_all[i], position, store, k_inverse[i])
-                store_rounded(v, V_all[i], position, store, v_inverse[i])
+            else:  # fp8's inverse scales as the reference's scale.reciprocal(): one IEEE division
+                store_rounded(k, K_all[i], position, store, np.float32(1) / k_all[i])
+                store_rounded(v, V_all[i], position, store, np.float32(1) / v_all[i])
             q = np.empty((B, Hkv, G, dh), np.float32)  # pre-scaled, the G queries of a kv head together
             for b in range(B):
                 for h in range(H):

@@ -86,6 +86,9 @@ class KVCache:
         # fewer instructions less (see `advance`)
         self._numpy = (self.lengths.numpy(), self._steps.numpy()) if self.lengths.device.type == "cpu" else None
         self._rows = torch.arange(batch, device=device)  # row indices for decode's scattered writes
+        # What a decode path derives from this cache once and reuses every step (the CPU step's
+        # numpy views of its buffers); it lives and dies with the cache
+        self.memo: dict = {}
         self.host_lengths = [0] * batch
         self.active = [False] * batch
         self.filled_tokens = 0  # positions holding `fill_random` values (decode timing)
