@@ -118,6 +118,9 @@ class CpuDecode:
         self.reason = (f"{reason}: products by {self.products.reason}; attention by "
                        + ("numba's kernel over the cache as stored" if attention == "numba"
                           else "numpy (fp32, equal lengths) or torch (numba not installed)"))
+        if attention == "numba" and hasattr(self.products, "all_panels") and "panel product" in self.products.reason:
+            self.reason += ("; where every product is the panel product, at equal lengths, the whole step as one "
+                            "numba call (cpu_step)")
 
     def release(self):
         """Nothing to drop: the step holds no state tied to a cache."""

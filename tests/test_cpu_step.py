@@ -108,6 +108,7 @@ def test_one_call_step_equals_the_call_by_call_step_bit_for_bit(cache_dtype, spe
             model.cache.k_scale[1], model.cache.v_scale[0] = 0.37, 2.5
     got, want = run_steps(one, batch), run_steps(separate, batch)
     assert calls == [-(-batch // 4) * 4] * 3  # every step of `one` (B padded to the 4-row tile), none of the other's
+    assert "one numba call (cpu_step)" in one.decode_path.reason
     assert torch.equal(got, want), f"logits differ by up to {(got - want).abs().max().item():.3e}"
     for a, b in ((one.cache.k, separate.cache.k), (one.cache.v, separate.cache.v)):
         assert torch.equal(bits(a), bits(b))
