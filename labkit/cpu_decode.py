@@ -91,6 +91,7 @@ class CpuDecode:
         # the 17 products: per layer wqkv, wo, w_gate_up, w_down; then the head
         weights = [w for L in model.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)] + [model.head_weight]
         self.products = cpu_linear.prepare(weights, linear)
+        self._out_features = [w.shape[0] for w in weights]
         self.norms = [(view(L.attn_norm), view(L.mlp_norm)) for L in model.layers]  # [d] each
         self.embed, self.norm = view(model.embed), view(model.norm)  # [V, d], [d]
         # the torch step's own fp32 frequencies, so the angles match it bit for bit
@@ -184,14 +185,19 @@ class CpuDecode:
     def _fused_panels(self, B, cache, mixed):
         """The 17 products' panels where `cpu_step.decode_step` takes this step (see its module
         docstring), else None: numba's attention, equal lengths, a cache dtype it writes, every
-        product the panel product at B rows, and the model's clock OFF (the breakdown's clocks,
+        product the panel product at B rows with whole panels of outputs, and the model's clock OFF (the breakdown's clocks,
         `Clock` and `CALL_BY_CALL`, ask for separate calls)."""
         if (self.attention != "numba" or mixed or self.model.clock is not OFF
                 or cache.cache_dtype not in cpu_step.STORES):
             return None
         if B not in self._panels_at:  # asked once per batch size: the panels never change
             all_panels = getattr(self.products, "all_panels", None)
-            self._panels_at[B] = all_panels(B) if all_panels is not None else None
+            panels = all_panels(B) if all_panels is not None else None
+            # the one call adds and splits the products' outputs as they come, every column real:
+            # a weight whose outputs are not whole panels of 16 keeps the separate calls (they slice)
+            whole = panels is not None and all(p.shape[0] * cpu_kernels.PANEL_COLUMNS == n
+                                               for p, n in zip(panels, self._out_features))
+            self._panels_at[B] = panels if whole else None
         return self._panels_at[B]
 
     def _fused_step(self, tokens, cache, position, max_length, panels):

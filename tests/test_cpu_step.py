@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import cpu_decode, cpu_kernels, cpu_linear, cpu_step
+from labkit import cpu_decode, cpu_kernels, cpu_linear, cpu_step, decode_paths
 from labkit.clock import CALL_BY_CALL, Clock
 from labkit.model import Llama
 from labkit.specs import get_model
@@ -118,7 +118,7 @@ def test_one_call_step_equals_the_call_by_call_step_bit_for_bit(cache_dtype, spe
 
 
 @pytest.mark.parametrize("why", ["mixed lengths", "breakdown clock", "numpy attention", "no panel product",
-                                 "MKL's own rows"])
+                                 "MKL's own rows", "outputs past whole panels"])
 def test_the_call_by_call_step_runs_where_one_call_does_not_apply(why, monkeypatch):
     """Mixed lengths (continuous batching), a breakdown's clock, numpy's attention, products that
     are not the panel product, and batches MKL multiplies itself keep the separate calls."""
@@ -130,7 +130,9 @@ def test_the_call_by_call_step_runs_where_one_call_does_not_apply(why, monkeypat
     batch = cpu_linear.MKL_FEW_ROWS + 4 if why == "MKL's own rows" else 3
     if why == "MKL's own rows" and not cpu_linear.mkl_packing_available()[0]:
         pytest.skip("no MKL packing here")
-    model = build(TINY, batch, "fp32")
+    # hidden size 72 (4.5 panels of 16): the separate calls slice the padded outputs, the one call does not
+    model = build(dataclasses.replace(TINY, hidden_size=72) if why == "outputs past whole panels" else TINY,
+                  batch, "fp32")
     model.decode_path = cpu_decode.CpuDecode(model, linear="mkl" if why == "MKL's own rows" else "numba",
                                              attention="numpy" if why == "numpy attention" else "numba")
     if why == "mixed lengths":
@@ -141,6 +143,11 @@ def test_the_call_by_call_step_runs_where_one_call_does_not_apply(why, monkeypat
     model.clock = Clock() if why == "breakdown clock" else model.clock
     logits = model.decode_step(torch.arange(batch))
     assert calls == [] and logits.shape == (batch, TINY.vocab_size) and torch.isfinite(logits[:2]).all()
+    if why == "outputs past whole panels":  # and it is the step it should be: the torch step's logits
+        ref = build(dataclasses.replace(TINY, hidden_size=72), batch, "fp32")
+        ref.decode_path = decode_paths.EagerDecode(ref)
+        ref.prefill(torch.arange(5).repeat(batch, 1))
+        torch.testing.assert_close(logits, ref.decode_step(torch.arange(batch)), atol=2e-5, rtol=2e-5)
 
 
 def test_a_fresh_process_loads_the_one_call_step_from_numbas_cache_and_runs_it():
