@@ -185,8 +185,8 @@ class CpuDecode:
     def _fused_panels(self, B, cache, mixed):
         """The 17 products' panels where `cpu_step.decode_step` takes this step (see its module
         docstring), else None: numba's attention, equal lengths, a cache dtype it writes, every
-        product the panel product at B rows with whole panels of outputs, and the model's clock OFF (the breakdown's clocks,
-        `Clock` and `CALL_BY_CALL`, ask for separate calls)."""
+        product the panel product at B rows with whole panels of outputs, and the model's clock
+        OFF (the breakdown's clocks, `Clock` and `CALL_BY_CALL`, ask for separate calls)."""
         if (self.attention != "numba" or mixed or self.model.clock is not OFF
                 or cache.cache_dtype not in cpu_step.STORES):
             return None
