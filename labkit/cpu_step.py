@@ -40,8 +40,8 @@ if AVAILABLE:
     from numba.core import types
     from numba.extending import intrinsic
 
-    from .cpu_kernels import (decode_attention, decode_attention_on_cores, panel_linear_on_cores, rms_norm,
-                              rotate_in_place, store_int8, swiglu)
+    from .cpu_kernels import (_bits_as_float32, decode_attention, decode_attention_on_cores, panel_linear_on_cores,
+                              rms_norm, rotate_in_place, store_int8, swiglu)
 
     @intrinsic
     def _float32_bits(typingctx, value):
@@ -52,18 +52,6 @@ if AVAILABLE:
         def codegen(context, builder, signature, args):
             return builder.bitcast(args[0], ir.IntType(32))
         return types.uint32(value), codegen
-
-    @intrinsic
-    def _float32_from_bits(typingctx, bits):
-        """The fp32 whose bits are the low 32 bits of the integer `bits` (numba widens integer
-        arithmetic to 64 bits)."""
-        if not isinstance(bits, types.Integer) or bits.bitwidth < 32:
-            return None
-
-        def codegen(context, builder, signature, args):
-            low = args[0] if bits.bitwidth == 32 else builder.trunc(args[0], ir.IntType(32))
-            return builder.bitcast(low, ir.FloatType())
-        return types.float32(bits), codegen
 
     @intrinsic
     def _half_bits(typingctx, value):
@@ -98,7 +86,7 @@ if AVAILABLE:
             code = np.uint32(0x7F)
         elif bits < np.uint32(121 << 23):  # below 2^-6: e4m3's subnormals, rounded by a float add
             denorm = np.uint32(141 << 23)
-            code = (_float32_bits(_float32_from_bits(bits) + _float32_from_bits(denorm)) - denorm) & np.uint32(0xFF)
+            code = (_float32_bits(_bits_as_float32(bits) + _bits_as_float32(denorm)) - denorm) & np.uint32(0xFF)
         else:  # rebias the exponent (127 -> 7) and round the mantissa's 23 bits to 3
             odd = (bits >> np.uint32(20)) & np.uint32(1)
             code = ((bits - np.uint32(120 << 23) + np.uint32(0x7FFFF) + odd) >> np.uint32(20)) & np.uint32(0xFF)
