@@ -22,11 +22,12 @@ more than once. So here:
     attention for a compact cache or mixed lengths).
 
 Nothing is copied from the model but what `cpu_linear` prepares: the elementwise weights are
-numpy views of the model's tensors. At equal lengths the step writes the cache itself: fp32 and
-int8 through numpy views of its buffers (int8 quantised by `cpu_kernels.store_int8`, or without
-numba `quantize_int8`, the kernels' reference in numpy; both bit for bit), bf16, fp16 and fp8 by
-one converting torch copy each (fp8 scaled and clamped first, as the reference does); at mixed
-lengths through `KVCache.update` (which quantises).
+numpy views of the model's tensors. At equal lengths the step writes the cache itself through
+numpy views of its buffers: fp32 as is, int8 quantised by `cpu_kernels.store_int8` (without numba
+`quantize_int8`, the kernels' reference in numpy), bf16, fp16 and fp8 rounded by
+`cpu_kernels.store_rounded` (without numba `store_converted`, one converting torch copy each, fp8
+scaled and clamped first as the reference does), all bit for bit; at mixed lengths through
+`KVCache.update` (which quantises).
 Where every product is the panel product, attention is numba's and the lengths are equal, the
 whole step runs as one numba call instead (`cpu_step.decode_step`: the same kernels and cache
 writes, bit for bit, without the ~40 trips through Python whose code the streamed weights and cache
@@ -111,6 +112,7 @@ class CpuDecode:
         self.rms = lambda x, weight: rms(x, weight, eps)  # noqa: E731
         self.rotate, self.gating = (_rotate_in_place, cpu_kernels.swiglu) if fused else (self._rotate, _swiglu)
         self.store_int8 = cpu_kernels.store_int8 if fused else store_int8
+        self.store_rounded = cpu_kernels.store_rounded if fused else None  # else `store_converted`
         self._panels_at: dict = {}  # batch size -> the panels `cpu_step` multiplies by, or None
         no_rows = np.empty((0, 1, model.spec.head_dim), np.float32)
         self._rope_table = (no_rows, no_rows)  # (cos, sin) [T, 1, dh]: `_rope_rows`
@@ -119,7 +121,7 @@ class CpuDecode:
         self.reason = (f"{reason}: products by {self.products.reason}; attention by "
                        + ("numba's kernel over the cache as stored" if attention == "numba"
                           else "numpy (fp32, equal lengths) or torch (numba not installed)"))
-        if attention == "numba" and hasattr(self.products, "all_panels") and "panel product" in self.products.reason:
+        if attention == "numba" and getattr(self.products, "panels_enabled", False):
             self.reason += ("; where every product is the panel product, at equal lengths, the whole step as one "
                             "numba call (cpu_step)")
 
@@ -146,13 +148,16 @@ class CpuDecode:
         at = cache.lengths.numpy() if mixed else np.array([positions])  # [B] or [1] new positions
         cos, sin = rope(at)  # [B or 1, 1, dh], from the table `_rope_rows` keeps
         # At equal lengths the cache is written here: fp32 and int8 through numpy views of its buffers
-        # [L, B, Hkv, T, dh] (and int8's scales [L, B, Hkv, T]), bf16, fp16 and fp8 by one torch copy
-        # each that converts as it stores (fp8 after the reference's scale and clamp, in numpy);
+        # [L, B, Hkv, T, dh] (and int8's scales [L, B, Hkv, T]), bf16, fp16 and fp8 through its
+        # as-stored views by numba's rounding store (the one-call step's), without numba by one torch
+        # copy each that converts as it stores (fp8 after the reference's scale and clamp, in numpy);
         # mixed lengths through KVCache.update. Why: update's ~8 torch calls a layer for K and V
         # cost ~45 us (bf16) to ~90 us (fp8) a layer at B = 16, these ~10 us.
         write_here = not mixed
         as_numpy = write_here and cache.cache_dtype in ("fp32", "int8")
-        K_all, V_all = (cache.k.numpy(), cache.v.numpy()) if as_numpy else (cache.k, cache.v)
+        rounded = write_here and self.store_rounded is not None and cache.cache_dtype in cpu_kernels.ROUNDED_STORES
+        K_all, V_all = ((cache.k.numpy(), cache.v.numpy()) if as_numpy else _as_stored(cache)[:2] if rounded
+                        else (cache.k, cache.v))
         int8 = write_here and cache.cache_dtype == "int8"
         KS_all, VS_all = (cache.k_scale.numpy(), cache.v_scale.numpy()) if int8 else (None, None)
         fp8 = write_here and cache.cache_dtype == "fp8"
@@ -170,7 +175,11 @@ class CpuDecode:
                         self.store_int8(qkv[:, H + Hkv:], V_all[i], VS_all[i], positions)
                     elif as_numpy:
                         K_all[i, :, :, positions], V_all[i, :, :, positions] = qk[:, H:], qkv[:, H + Hkv:]
-                    elif write_here:  # bf16, fp16, fp8 [B, Hkv, dh] each
+                    elif rounded:  # bf16, fp16, fp8 [B, Hkv, dh] each, by numba
+                        code, one = cpu_kernels.ROUNDED_STORES[cache.cache_dtype], np.float32(1)
+                        self.store_rounded(qk[:, H:], K_all[i], positions, code, K_inv[i] if fp8 else one)
+                        self.store_rounded(qkv[:, H + Hkv:], V_all[i], positions, code, V_inv[i] if fp8 else one)
+                    elif write_here:  # bf16, fp16, fp8 [B, Hkv, dh] each, without numba
                         store_converted(K_all[i, :, :, positions], qk[:, H:], K_inv[i] if fp8 else None)
                         store_converted(V_all[i, :, :, positions], qkv[:, H + Hkv:], V_inv[i] if fp8 else None)
                     else:
@@ -232,13 +241,13 @@ class CpuDecode:
     def _rope_rows(self, positions):
         """(cos, sin) [n, 1, dh] for positions [n] (an int: n = 1, views), rows of a table of
         `_rope` made once for every position up to the largest asked (doubling as it grows)."""
-        top = (positions if isinstance(positions, (int, np.integer)) else int(np.max(positions))) + 1
+        one = isinstance(positions, (int, np.integer))
+        rows = slice(positions, positions + 1) if one else positions
+        top = (positions if one else int(np.max(positions))) + 1
+        if top > self._rope_table[0].shape[0]:
+            self._rope_table = self._rope(np.arange(max(top, 2 * self._rope_table[0].shape[0], 1024)))
         cos, sin = self._rope_table
-        if top > cos.shape[0]:
-            cos, sin = self._rope_table = self._rope(np.arange(max(top, 2 * cos.shape[0], 1024)))
-        if isinstance(positions, (int, np.integer)):
-            return cos[positions:positions + 1], sin[positions:positions + 1]
-        return cos[positions], sin[positions]
+        return cos[rows], sin[rows]
 
     def _reader(self, cache, mixed, max_length):
         """attend(layer, q [B, H, dh]) -> [B, H, dh] over each row's cached keys and the new one."""

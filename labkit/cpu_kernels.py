@@ -20,9 +20,10 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale,
     so the bytes a step reads are the bytes `roofline.kv_bytes_per_token` counts, not an fp32
     copy made first;
-  * the elementwise work between them (RMS norm, RoPE, SwiGLU, an int8 cache's write) is a few
-    vectors per row, where a numpy call's own cost (~1-3 us) outweighs its arithmetic: one fused
-    call each (`rms_norm`, `rotate_in_place`, `swiglu`, `store_int8`) instead of 4-8 numpy calls.
+  * the elementwise work between them (RMS norm, RoPE, SwiGLU, the new token's cache write) is a
+    few vectors per row, where a numpy call's own cost (~1-3 us) outweighs its arithmetic: one
+    fused call each (`rms_norm`, `rotate_in_place`, `swiglu`, `store_int8`, `store_rounded` for
+    bf16/fp16/fp8 as torch's conversions round, `store_as_is`) instead of 4-8 numpy or torch calls.
 
 Pseudocode of the attention, one (row b, kv head h) unit per task, G = H / Hkv queries per unit:
     n = lengths[b]                                   # keys this row sees, the new one included
@@ -70,6 +71,10 @@ PREFETCH_WEIGHT_BYTES_AHEAD = 32 << 10
 # 16: a batch of 4 as one 4-row tile, not padded to 8, took half the FMAs and no padded copy), and
 # how many panels ahead a tile asks for, into the L2 (16 KiB each at K = 256: 64 KiB ahead).
 PANEL_COLUMNS, PANEL_TILE_ROWS, PANEL_PREFETCH_AHEAD = 16, (16, 8, 4), 4
+# `store_rounded`'s codes for the caches it writes, and where torch's fp32 -> e4m3 gives NaN (0x7F):
+# |x| >= 480.0, these bits
+ROUNDED_STORES = {"bf16": 1, "fp16": 2, "fp8": 3}
+_FP8_NAN_FROM_BITS = np.uint32(1087 << 20)
 # Head sizes whose G = 2 attention runs as vector code written out below (`_pair_scores_8`,
 # `_pair_values_dh`: a row of K or V is one vector of dh values): lab-cpu's 64 and lab-tiny's 16 (the
 # tests'); other sizes keep the scalar loops (each size more costs ~0.3 s of compiling per cache dtype).
@@ -951,6 +956,83 @@ if AVAILABLE:
                     code = np.floor(x[b, h, j] * inv + np.float32(0.5))
                     codes[b, h, position, j] = np.int8(min(max(code, np.float32(-127)), np.float32(127)))
                 scales[b, h, position] = absmax / np.float32(127)
+
+    @intrinsic
+    def _float32_bits(typingctx, value):
+        """The bits of an fp32 as a uint32."""
+        if value != types.float32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+        return types.uint32(value), codegen
+
+    @intrinsic
+    def _half_bits(typingctx, value):
+        """An fp32 rounded to fp16 (IEEE: to nearest, ties to even, as torch's `.half()`), as its
+        16 bits in an int16 (the cache's numpy view of fp16)."""
+        if value != types.float32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return types.int16(value), codegen
+
+    @numba.njit(cache=True)
+    def bf16_bits(value):
+        """An fp32 rounded to bf16 as torch rounds it (to nearest, ties to even; NaN to 0x7FC0),
+        as its 16 bits in a uint16 (the cache's numpy view of bf16)."""
+        if value != value:
+            return np.uint16(0x7FC0)
+        bits = _float32_bits(value)
+        return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+    @numba.njit(cache=True)  # no fastmath: the subnormals' add must round as torch's does
+    def fp8_bits(value):
+        """An fp32 rounded to float8_e4m3fn as torch's conversion rounds it (c10's
+        fp8e4m3fn_from_fp32_value: to nearest, ties to even; |x| >= 480 to NaN, 0x7F), as a uint8.
+        Subnormals (below 2^-6): one fp32 addition of 2^14 (`denorm`), whose ulp is e4m3's subnormal
+        step 2^-9, rounds the value to a multiple of it; the sum's low bits are the code."""
+        bits = _float32_bits(value)
+        sign = bits & np.uint32(0x80000000)
+        bits ^= sign
+        if bits >= _FP8_NAN_FROM_BITS:
+            code = np.uint32(0x7F)
+        elif bits < np.uint32(121 << 23):  # below 2^-6: e4m3's subnormals, rounded by a float add
+            denorm = np.uint32(141 << 23)
+            code = (_float32_bits(_bits_as_float32(bits) + _bits_as_float32(denorm)) - denorm) & np.uint32(0xFF)
+        else:  # rebias the exponent (127 -> 7) and round the mantissa's 23 bits to 3
+            odd = (bits >> np.uint32(20)) & np.uint32(1)
+            code = ((bits - np.uint32(120 << 23) + np.uint32(0x7FFFF) + odd) >> np.uint32(20)) & np.uint32(0xFF)
+        return np.uint8(code | (sign >> np.uint32(24)))
+
+    @numba.njit(nogil=True, cache=True)  # no fastmath: x * inverse, then the clamp, rounded as the reference's numpy
+    def store_rounded(x, target, position, kind, inverse):
+        """x [B, Hkv, dh] fp32 into target[:, :, position] ([B, Hkv, T, dh] as stored): bf16 (kind
+        1) or fp16 (2) rounded, fp8 (3) scaled by `inverse` (the layer's scale.reciprocal()) and
+        clamped to +-448 first (`ROUNDED_STORES`): `cpu_decode.store_converted` (one torch copy, the
+        reference and the path without numba) bit for bit."""
+        B, Hkv, dh = x.shape
+        for b in range(B):
+            for h in range(Hkv):
+                for j in range(dh):
+                    value = x[b, h, j]
+                    if kind == 1:
+                        target[b, h, position, j] = bf16_bits(value)
+                    elif kind == 2:
+                        target[b, h, position, j] = _half_bits(value)
+                    else:
+                        value = min(max(value * inverse, np.float32(-448)), np.float32(448))
+                        target[b, h, position, j] = fp8_bits(value)
+
+    @numba.njit(nogil=True, cache=True)
+    def store_as_is(x, target, position):
+        """x [B, Hkv, dh] fp32 into target[:, :, position] of an fp32 cache [B, Hkv, T, dh]."""
+        B, Hkv, dh = x.shape
+        for b in range(B):
+            for h in range(Hkv):
+                for j in range(dh):
+                    target[b, h, position, j] = x[b, h, j]
 
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def rms_norm(x, weight, eps):

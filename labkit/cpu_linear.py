@@ -262,15 +262,20 @@ class MklProducts:
         """Per weight, its pack for `rows` rows."""
         return [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in self.weights]
 
+    @property
+    def panels_enabled(self) -> bool:
+        """Whether its few rows are numba's panel product (`Panels`) here."""
+        return self.few is not None and self.few.panels.enabled
+
     def all_panels(self, rows: int) -> tuple | None:
         """Every weight's panels where every product at `rows` rows is the panel product, else None."""
-        if self.few is None or rows > MKL_FEW_ROWS:
+        if not self.panels_enabled or rows > MKL_FEW_ROWS:
             return None
         return self.few.all_panels(rows)
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if self.few is not None and rows <= MKL_FEW_ROWS and self.few.panels.enabled:
+        if rows <= MKL_FEW_ROWS and self.panels_enabled:
             return self.few(i, x)
         packed, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkl._mkl_linear(xt, packed, self.weights[i], None, rows).numpy()
@@ -374,6 +379,11 @@ class NumbaProducts:
     def threads(self):
         """A context for the step's products: nothing to set (the kernel runs where it is called)."""
         return nullcontext()
+
+    @property
+    def panels_enabled(self) -> bool:
+        """Whether the panel product (`Panels`) applies here."""
+        return self.panels.enabled
 
     def all_panels(self, rows: int) -> tuple | None:
         """Every weight's panels where every product at `rows` rows is the panel product, else None."""

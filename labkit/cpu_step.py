@@ -16,9 +16,9 @@ AVX-512, up to `cpu_linear.MKL_FEW_ROWS` rows), attention is numba's, every row 
 checks, and keeps its call-by-call step everywhere else, and while the breakdown's clock is hooked
 in (a single call has no parts to bracket).
 
-The cache writes are the call-by-call step's, bit for bit (tested): fp32 as is, int8 by
-`cpu_kernels.store_int8`, and bf16, fp16 and fp8 rounded as torch's conversions round (to nearest,
-ties to even; fp8 after the reference's scale and clamp), here in numba instead of a torch copy.
+The cache writes are the call-by-call step's kernels (tested bit for bit): fp32 as is
+(`cpu_kernels.store_as_is`), int8 by `cpu_kernels.store_int8`, and bf16, fp16 and fp8 by
+`cpu_kernels.store_rounded`, which rounds as torch's conversions do.
 
 Shapes: tokens [B]; activations [Bp, d], Bp = B rounded up to a multiple of 4 (the panel product's
 smallest tile) with zero rows past B, which every operation keeps at zero; caches [L, B, Hkv, T, dh]
@@ -31,93 +31,14 @@ import numpy as np
 from . import cpu_kernels
 
 AVAILABLE = cpu_kernels.AVAILABLE
-STORES = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}  # how `decode_step` writes each cache
-FP8_NAN_FROM_BITS = np.uint32(1087 << 20)  # 480.0: torch turns |x| >= this into e4m3's NaN (0x7F)
+# how `decode_step` writes each cache: as is, by `cpu_kernels.store_rounded` (its codes), or quantised
+STORES = {"fp32": 0, **cpu_kernels.ROUNDED_STORES, "int8": 4}
 
 if AVAILABLE:
     import numba
-    from llvmlite import ir
-    from numba.core import types
-    from numba.extending import intrinsic
 
-    from .cpu_kernels import (_bits_as_float32, decode_attention, decode_attention_on_cores, panel_linear_on_cores,
-                              rms_norm, rotate_in_place, store_int8, swiglu)
-
-    @intrinsic
-    def _float32_bits(typingctx, value):
-        """The bits of an fp32 as a uint32."""
-        if value != types.float32:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(32))
-        return types.uint32(value), codegen
-
-    @intrinsic
-    def _half_bits(typingctx, value):
-        """An fp32 rounded to fp16 (IEEE: to nearest, ties to even, as torch's `.half()`), as its
-        16 bits in an int16 (the cache's numpy view of fp16)."""
-        if value != types.float32:
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-        return types.int16(value), codegen
-
-    @numba.njit(cache=True)
-    def bf16_bits(value):
-        """An fp32 rounded to bf16 as torch rounds it (to nearest, ties to even; NaN to 0x7FC0),
-        as its 16 bits in a uint16 (the cache's numpy view of bf16)."""
-        if value != value:
-            return np.uint16(0x7FC0)
-        bits = _float32_bits(value)
-        return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-
-    @numba.njit(cache=True)  # no fastmath: the subnormals' add must round as torch's does
-    def fp8_bits(value):
-        """An fp32 rounded to float8_e4m3fn as torch's conversion rounds it (c10's
-        fp8e4m3fn_from_fp32_value: to nearest, ties to even; |x| >= 480 to NaN, 0x7F), as a uint8.
-        Subnormals (below 2^-6): one fp32 addition of 2^14 (`denorm`), whose ulp is e4m3's subnormal
-        step 2^-9, rounds the value to a multiple of it; the sum's low bits are the code."""
-        bits = _float32_bits(value)
-        sign = bits & np.uint32(0x80000000)
-        bits ^= sign
-        if bits >= FP8_NAN_FROM_BITS:
-            code = np.uint32(0x7F)
-        elif bits < np.uint32(121 << 23):  # below 2^-6: e4m3's subnormals, rounded by a float add
-            denorm = np.uint32(141 << 23)
-            code = (_float32_bits(_bits_as_float32(bits) + _bits_as_float32(denorm)) - denorm) & np.uint32(0xFF)
-        else:  # rebias the exponent (127 -> 7) and round the mantissa's 23 bits to 3
-            odd = (bits >> np.uint32(20)) & np.uint32(1)
-            code = ((bits - np.uint32(120 << 23) + np.uint32(0x7FFFF) + odd) >> np.uint32(20)) & np.uint32(0xFF)
-        return np.uint8(code | (sign >> np.uint32(24)))
-
-    @numba.njit(cache=True)  # no fastmath: x * inverse, then the clamp, rounded as the reference's numpy
-    def store_rounded(x, target, position, kind, inverse):
-        """x [B, Hkv, dh] fp32 into target[:, :, position] ([B, Hkv, T, dh] as stored): bf16 (kind
-        1) or fp16 (2) rounded, fp8 (3) scaled by `inverse` (the layer's scale.reciprocal()) and
-        clamped to +-448 first, as `cpu_decode.store_converted`."""
-        B, Hkv, dh = x.shape
-        for b in range(B):
-            for h in range(Hkv):
-                for j in range(dh):
-                    value = x[b, h, j]
-                    if kind == 1:
-                        target[b, h, position, j] = bf16_bits(value)
-                    elif kind == 2:
-                        target[b, h, position, j] = _half_bits(value)
-                    else:
-                        value = min(max(value * inverse, np.float32(-448)), np.float32(448))
-                        target[b, h, position, j] = fp8_bits(value)
-
-    @numba.njit(nogil=True, cache=True)
-    def store_as_is(x, target, position):
-        """x [B, Hkv, dh] fp32 into target[:, :, position] of an fp32 cache [B, Hkv, T, dh]."""
-        B, Hkv, dh = x.shape
-        for b in range(B):
-            for h in range(Hkv):
-                for j in range(dh):
-                    target[b, h, position, j] = x[b, h, j]
+    from .cpu_kernels import (decode_attention, decode_attention_on_cores, panel_linear_on_cores, rms_norm,
+                              rotate_in_place, store_as_is, store_int8, store_rounded, swiglu)
 
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def _product(x, panels, parts):

@@ -45,7 +45,7 @@ def values_to_round(seed):
 @pytest.mark.parametrize("cache_dtype", ["bf16", "fp16", "fp8"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_rounded_stores_equal_the_torch_copy_bit_for_bit(cache_dtype, seed):
-    """`cpu_step.store_rounded` against `cpu_decode.store_converted` (one torch copy, which rounds as
+    """`cpu_kernels.store_rounded` against `cpu_decode.store_converted` (one torch copy, which rounds as
     `.to()` does) on the same values: every stored bit equal, fp8 with a layer scale other than 1."""
     x = values_to_round(seed)
     n = x.size // 8 * 8
@@ -57,8 +57,8 @@ def test_rounded_stores_equal_the_torch_copy_bit_for_bit(cache_dtype, seed):
     inverse = np.float32(1 / 0.37 if seed else 1) if cache_dtype == "fp8" else None  # seed 0: the ties kept
     with np.errstate(over="ignore"):  # bf16's largest ties times fp8's inverse: inf, clamped to 448
         cpu_decode.store_converted(theirs[:, :, 0], x[:, :, 0], inverse)
-    cpu_step.store_rounded(x[:, :, 0], mine.view(as_torch).numpy().view(as_numpy), 0,
-                           cpu_step.STORES[cache_dtype], inverse if inverse is not None else np.float32(1))
+    cpu_kernels.store_rounded(x[:, :, 0], mine.view(as_torch).numpy().view(as_numpy), 0,
+                              cpu_kernels.ROUNDED_STORES[cache_dtype], inverse if inverse is not None else np.float32(1))
     got, want = (t.view(as_torch) for t in (mine, theirs))
     assert torch.equal(got, want), f"{(got != want).sum().item()} of {got.numel()} stored values differ"
 
