@@ -5,6 +5,7 @@ SHELL := /bin/bash
 VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.stamp
+WARM      := $(VENV)/.warm
 PORT      ?= 8888
 NB        ?= notebooks/01_two_phases.ipynb
 OUT       ?= build/gpu-check
@@ -27,7 +28,7 @@ TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.t
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-15s %s\n", $$1, $$2}'
 
-venv: $(STAMP) ## (internal) Create .venv and install the pins; reruns only when requirements*.txt or pyproject.toml change
+venv: $(STAMP) $(WARM) ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
 
 # Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0; triton 3.9.0 on Linux only, the
 # one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it).
@@ -48,9 +49,14 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	  $(PY) -m pip install -q --progress-bar off -r requirements.txt -r requirements-cpu.txt; \
 	fi; \
 	$(PY) -m pip install -q --progress-bar off -e . --no-deps; \
-	echo "venv: compiling the CPU decode step's numba kernels once (about 40 s; see labkit/warm.py)"; \
-	$(PY) -m labkit.warm; \
 	touch $@
+
+# numba compiles the CPU step's kernels on first use; here instead, at setup, and again whenever the
+# code they are made from changes (a `git pull`), so no lesson waits for it.
+$(WARM): $(STAMP) labkit/cpu_kernels.py labkit/cpu_step.py labkit/cpu_decode.py labkit/cpu_linear.py labkit/warm.py
+	@echo "venv: compiling the CPU decode step's numba kernels (about 40 s once; see labkit/warm.py)"
+	@$(PY) -m labkit.warm
+	@touch $@
 
 # No `playwright install`: its browser download is not reachable here; tests launch
 # executable_path=/usr/bin/chromium and skip, with a reason, when it is missing.

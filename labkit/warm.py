@@ -3,8 +3,9 @@
 Why: numba compiles a kernel on its first call and keeps the machine code in `labkit/__pycache__`
 (`cache=True`), where every later process loads it in milliseconds. Without this, a learner's first
 decode step on a fresh machine waited ~10 s and the first step with each other cache dtype ~5 s
-more (2-core Xeon VM), in the middle of a lesson. `make venv` runs it once (~40 s); a run finds what
-an earlier one compiled and takes a few seconds.
+more (2-core Xeon VM), in the middle of a lesson. `make venv` (so `make lab` and `make test`) runs it
+at setup (~40 s) and again whenever the CPU step's code changes (its stamp, .venv/.warm, is older
+than labkit/cpu_*.py); a run finds what an earlier one compiled and takes a few seconds.
 
 It runs lab-cpu's own decode step (so the kernels meet the same array types, layouts and sizes as in
 the lessons: which kernel a product or an attention takes depends on them) for every CPU cache
