@@ -60,9 +60,13 @@ except ImportError:  # the core installs without numba (a GPU image): the CPU st
     numba = None
 
 AVAILABLE = numba is not None
-# Keys ahead whose K (or V) row the attention asks the CPU to fetch while it works on this one:
-# one core streaming a cache alone read 10 GB/s of fp32 without, 15 GB/s with (2-core Xeon VM).
-PREFETCH_KEYS_AHEAD = 32
+# How far ahead of the key it works on the attention asks the CPU for K (or V) rows, in bytes of
+# cache (`keys_ahead`: 32 keys of fp32 at dh = 64, 128 of int8 or fp8). One core streaming an fp32
+# cache alone read 10 GB/s without, 15 GB/s with 32 keys ahead. Counted in keys, a one-byte cache
+# was asked for 4x closer, too close once the weights had pushed part of it out of the L3: lab-cpu's
+# int8 attention at B = 16, S = 4,096 after a 60 MiB sweep 2.24 ms at 2 KiB ahead, 1.98 at 8 KiB
+# (alone 1.77-1.80 either way); fp8 2.67 against 2.46 (2-core Xeon VM).
+PREFETCH_BYTES_AHEAD = 8 << 10
 # Bytes of weight rows ahead whose lines the streamed products ask for while they multiply this
 # row: the hardware's prefetchers alone left the lab's 49,152 x 256 LM head streaming well under
 # the DRAM's rate once compute came between the loads (see `streamed_row_dot_linear`).
@@ -191,6 +195,11 @@ if AVAILABLE:
         for r in range(row, min(row + rows, stop)):
             for col in range(0, w.shape[1], step):
                 _prefetch(w, r, col)
+
+    @numba.njit(inline="always")
+    def keys_ahead(array):
+        """Rows of a [rows, dh] cache block in PREFETCH_BYTES_AHEAD (at least 1)."""
+        return max(1, PREFETCH_BYTES_AHEAD // (array.shape[1] * array.itemsize))
 
     @numba.njit(inline="always")
     def _prefetch_row(array, row):
@@ -542,7 +551,7 @@ if AVAILABLE:
     # K pass: for 8 keys, q0 * k and q1 * k are folded to 16 lanes each, and the 8 keys' 16-lane sums
     # are added across their lanes together by 4 rounds of shuffles (`_sum_lanes_of_8`): about 3
     # instructions a key where one key's own reduction took 8. V pass: o0, o1 stay in registers over
-    # every key, one FMA each per key, the row PREFETCH_KEYS_AHEAD ahead asked for.
+    # every key, one FMA each per key, the row PREFETCH_BYTES_AHEAD ahead asked for.
     _STORED_IR = {types.float32: ("fp32", ir.FloatType()), types.uint16: ("bf16", ir.IntType(16)),
                   types.int16: ("fp16", ir.IntType(16)), types.uint8: ("fp8", ir.IntType(8)),
                   types.int8: ("int8", ir.IntType(8))}
@@ -728,7 +737,7 @@ if AVAILABLE:
                     phi = builder.phi(sum_type)
                     phi.add_incoming(start, entry)
                     sums.append(phi)
-                ahead = builder.add(t, i64(PREFETCH_KEYS_AHEAD))
+                ahead = builder.add(t, i64(max(1, PREFETCH_BYTES_AHEAD // (dh * _ROW_BYTES_PER_VALUE[kind]))))
                 ahead = builder.select(builder.icmp_signed("<", ahead, last), ahead, last)
                 row = _row_bytes(builder, v, ahead)
                 for line in range(0, dh * _ROW_BYTES_PER_VALUE[kind], 64):  # every line of the row ahead
@@ -788,21 +797,21 @@ if AVAILABLE:
         Returns (max s0, max s1), kept as it goes, so the softmax needs no pass of its own for it.
         Four keys per iteration: eight independent sums keep the vector units busy while each
         one's reduction across its lanes finishes (int8: 194 against 162 keys/us per core)."""
-        dh = q0.shape[0]
+        dh, distance = q0.shape[0], keys_ahead(k)
         top0 = top1 = np.float32(-np.inf)
         t = 0
         if dh in VECTOR_HEAD_DIMS and k.shape[1] == dh and n >= 8:  # 8 keys at a time as vector code, then the tail
             tops = np.full(16, -np.inf, np.float32)  # each block's 8 lanes of running maxima, q0's then q1's
             while t + 8 <= n:
                 for ahead in range(8):
-                    _prefetch_row(k, min(t + ahead + PREFETCH_KEYS_AHEAD, n - 1))
+                    _prefetch_row(k, min(t + ahead + distance, n - 1))
                 _pair_scores_8(q0, q1, k, t, per_token, k_scale, s0, s1, tops)
                 t += 8
             for j in range(8):
                 top0, top1 = max(top0, tops[j]), max(top1, tops[8 + j])
         while t + 4 <= n:
             for ahead in range(4):
-                _prefetch_row(k, min(t + ahead + PREFETCH_KEYS_AHEAD, n - 1))
+                _prefetch_row(k, min(t + ahead + distance, n - 1))
             k0, k1, k2, k3 = k[t], k[t + 1], k[t + 2], k[t + 3]
             a0 = a1 = b0 = b1 = c0 = c1 = e0 = e1 = np.float32(0)
             for d in range(dh):
@@ -865,10 +874,10 @@ if AVAILABLE:
         if dh in VECTOR_HEAD_DIMS and o0.shape[0] == dh:
             _pair_values_dh(v, 0, n, p0, p1, o0, o1)
             return
-        t = 0
+        t, distance = 0, keys_ahead(v)
         while t + 4 <= n:
             for ahead in range(4):
-                _prefetch_row(v, min(t + ahead + PREFETCH_KEYS_AHEAD, n - 1))
+                _prefetch_row(v, min(t + ahead + distance, n - 1))
             v0, v1, v2, v3 = v[t], v[t + 1], v[t + 2], v[t + 3]
             a0, a1, a2, a3 = p0[t], p0[t + 1], p0[t + 2], p0[t + 3]
             b0, b1, b2, b3 = p1[t], p1[t + 1], p1[t + 2], p1[t + 3]
@@ -910,10 +919,11 @@ if AVAILABLE:
         Each key and value is widened once into `row` (dh fp32, in L1) and used by all G
         queries; K and V are read once each."""
         G, dh = q.shape
+        distance = keys_ahead(k)
         s = np.empty((G, n), np.float32)
         row = np.empty(dh, np.float32)
         for t in range(n):  # scores: one pass over K
-            _prefetch_row(k, min(t + PREFETCH_KEYS_AHEAD, n - 1))
+            _prefetch_row(k, min(t + distance, n - 1))
             key = k[t]
             for d in range(dh):
                 row[d] = widen(key[d])
@@ -939,7 +949,7 @@ if AVAILABLE:
                     s[g, t] *= v_scale[t]
         acc_out = np.zeros((G, dh), np.float32)
         for t in range(n):  # p @ V: one pass over V
-            _prefetch_row(v, min(t + PREFETCH_KEYS_AHEAD, n - 1))
+            _prefetch_row(v, min(t + distance, n - 1))
             value = v[t]
             for d in range(dh):
                 row[d] = widen(value[d])
