@@ -20,7 +20,9 @@ What you learn here (the CPU counterpart of kernels/, where the GPU's Triton ker
     is its 16 high bits of an fp32, fp8 e4m3 a shift of its exponent and mantissa (its value
     times 2^-8: the 2^8 joins fp8's per-layer scale), int8 a conversion times its token's scale,
     so the bytes a step reads are the bytes `roofline.kv_bytes_per_token` counts, not an fp32
-    copy made first;
+    copy made first; on a CPU with AVX512-VNNI an int8 cache (dh = 64) is attended in integers
+    instead (`_attend_pair_int8`: q and the softmax weights rounded to int16, the codes only
+    sign-extended, two products summed per instruction), half the vector instructions a key;
   * the elementwise work between them (RMS norm, RoPE, SwiGLU, the new token's cache write) is a
     few vectors per row, where a numpy call's own cost (~1-3 us) outweighs its arithmetic: one
     fused call each (`rms_norm`, `rotate_in_place`, `swiglu`, `store_int8`, `store_rounded` for
@@ -84,6 +86,11 @@ _FP8_NAN_FROM_BITS = np.uint32(1087 << 20)
 # `_pair_values_dh`: a row of K or V is one vector of dh values): lab-cpu's 64 and lab-tiny's 16 (the
 # tests'); other sizes keep the scalar loops (each size more costs ~0.3 s of compiling per cache dtype).
 VECTOR_HEAD_DIMS = (16, 64)
+# An int8 cache at this head size (lab-cpu's) on a CPU with AVX512-VNNI is attended in integers
+# (`_attend_pair_int8`): q and the softmax weights rounded to 16-bit integers (INT16_MAX at their
+# largest), each int8 key or value only sign-extended, the products summed by vpdpwssd in int32
+# over at most INT8_BLOCK_KEYS keys at a time (32,767 x 127 per product: 256 of them stay < 2^31).
+INT8_DOT_HEAD_DIM, INT16_MAX, INT8_BLOCK_KEYS = 64, 32767, 256
 
 
 def pack_panels(w):
@@ -104,6 +111,16 @@ def panels_in_registers() -> bool:
     if not AVAILABLE:
         return False
     return "+avx512f" in binding.get_host_cpu_features().flatten().split(",")
+
+
+@functools.lru_cache(maxsize=1)
+def int8_in_integers() -> bool:
+    """Whether this CPU has AVX512-VNNI (and AVX512-BW), the instructions `_attend_pair_int8` is
+    written with; elsewhere an int8 cache is widened to fp32 like the others."""
+    if not AVAILABLE:
+        return False
+    features = binding.get_host_cpu_features().flatten().split(",")
+    return "+avx512vnni" in features and "+avx512bw" in features
 
 
 # ------------------------------------------------------------------ references (numpy)
@@ -144,6 +161,7 @@ def decode_attention_reference(q, k, v, k_scale, v_scale, lengths):
 
 # ------------------------------------------------------------------ kernels (numba)
 if AVAILABLE:
+    _INT8_IN_INTEGERS = int8_in_integers()  # read by numba as a constant: the other branch is not compiled
     @intrinsic
     def _bits_as_float32(typingctx, bits):
         """The fp32 whose bits are the low 32 bits of the integer `bits` (a register
@@ -390,10 +408,27 @@ if AVAILABLE:
         return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined),
                                       ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
 
-    def _loop_back(builder, counter, bound, phis, values, loop, done):
-        """Close a one-block loop: counter + 1 and `values` flow back into `counter` and `phis`;
-        on to `done` once counter + 1 reaches `bound`."""
-        following = builder.add(counter, ir.IntType(64)(1))
+    def _loop_open(builder, first, stop, name, starts):
+        """Open a one-block loop over counter = first, .. < stop (none if first >= stop), carrying
+        sums that start as `starts` (vectors): (entry, loop, done, counter, the sums' phis), the
+        builder inside the loop; `_loop_back` closes it."""
+        entry = builder.block
+        loop, done = builder.append_basic_block(name), builder.append_basic_block(f"{name}_done")
+        builder.cbranch(builder.icmp_signed("<", first, stop), loop, done)
+        builder.position_at_end(loop)
+        counter = builder.phi(ir.IntType(64))
+        counter.add_incoming(first, entry)
+        phis = []
+        for start in starts:
+            phi = builder.phi(start.type)
+            phi.add_incoming(start, entry)
+            phis.append(phi)
+        return entry, loop, done, counter, phis
+
+    def _loop_back(builder, counter, bound, phis, values, loop, done, step=1):
+        """Close a one-block loop: counter + step and `values` flow back into `counter` and `phis`;
+        on to `done` once counter + step reaches `bound`."""
+        following = builder.add(counter, ir.IntType(64)(step))
         counter.add_incoming(following, loop)
         for phi, value in zip(phis, values):
             phi.add_incoming(value, loop)
@@ -726,17 +761,7 @@ if AVAILABLE:
                 fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                     sum_type, [sum_type, sum_type, sum_type]), f"llvm.fmuladd.v{lanes}f32")
                 last = builder.sub(stop, i64(1))
-                entry = builder.block
-                loop, done = builder.append_basic_block("values"), builder.append_basic_block("values_done")
-                builder.cbranch(builder.icmp_signed("<", first, stop), loop, done)
-                builder.position_at_end(loop)
-                t = builder.phi(i64)
-                t.add_incoming(first, entry)
-                sums = []
-                for start in starts:
-                    phi = builder.phi(sum_type)
-                    phi.add_incoming(start, entry)
-                    sums.append(phi)
+                entry, loop, done, t, sums = _loop_open(builder, first, stop, "values", starts)
                 ahead = builder.add(t, i64(max(1, PREFETCH_BYTES_AHEAD // (dh * _ROW_BYTES_PER_VALUE[kind]))))
                 ahead = builder.select(builder.icmp_signed("<", ahead, last), ahead, last)
                 row = _row_bytes(builder, v, ahead)
@@ -767,6 +792,227 @@ if AVAILABLE:
     (_pair_scores_8_16, _pair_scores_8_64), (_scaled_scores_8_16, _scaled_scores_8_64) = (
         [_pair_scores_8_for(dh, scaled) for dh in VECTOR_HEAD_DIMS] for scaled in (False, True))
     _pair_values_16, _pair_values_64 = (_pair_values_for(dh) for dh in VECTOR_HEAD_DIMS)
+
+    # ---- an int8 cache in integers (AVX512-VNNI, dh = 64). vpdpwssd multiplies 32 pairs of int16
+    # and adds each pair's two products into one of 16 int32 lanes. The K pass: a key's 64 codes
+    # sign-extended to int16 against q's 64 int16, two instructions a query, then 8 keys' 16 lanes
+    # summed across as the float pass does (`_isum_lanes_of_8`). The V pass takes keys two at a
+    # time: their rows interleaved, so each int32 lane holds one dimension of both, against the
+    # pair of their weights broadcast; the interleave is a per-128-bit-lane unpack (one cheap
+    # shuffle), which leaves the dimensions in INT8_VALUE_ORDER until the end.
+    _VNNI_INT = (ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64))
+    INT8_VALUE_ORDER = np.array([32 * h + 8 * lane + 4 * high + j for h in (0, 1) for high in (0, 1)
+                                 for lane in range(4) for j in range(4)], np.int64)
+
+    def _dpwssd(builder):
+        """LLVM's vpdpwssd (512-bit): (int32 x 16 sums, int16 x 32, int16 x 32) -> int32 x 16."""
+        _, i16, i32, _ = _VNNI_INT
+        v16i32, v32i16 = ir.VectorType(i32, 16), ir.VectorType(i16, 32)
+        return cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16i32, [v16i32, v32i16, v32i16]),
+                                              "llvm.x86.avx512.vpdpwssd.512")
+
+    def _int16_halves(builder, array, row):
+        """Row `row` of an int8 [rows, 64] array, sign-extended, as two <32 x i16> (dims 0-31, 32-63)."""
+        i8, i16, _, _ = _VNNI_INT
+        raw = builder.load(builder.bitcast(_row_bytes(builder, array, row), ir.VectorType(i8, 64).as_pointer()), align=1)
+        wide = builder.sext(raw, ir.VectorType(i16, 64))
+        return [_shuffle(builder, wide, wide, list(range(32 * h, 32 * h + 32))) for h in (0, 1)]
+
+    def _isum_lanes_of_8(builder, vectors):
+        """`_sum_lanes_of_8` for <16 x i32>: 8 vectors -> <8 x i32>, lane j the sum of vectors[j]'s lanes."""
+        width = 16
+        while len(vectors) > 1:
+            low = [g * width + e for g in range(16 // width) for e in range(width // 2)]
+            high = [i + width // 2 for i in low]
+            vectors = [builder.add(_shuffle(builder, a, b, low + [16 + i for i in low]),
+                                   _shuffle(builder, a, b, high + [16 + i for i in high]))
+                       for a, b in zip(vectors[0::2], vectors[1::2])]
+            width //= 2
+        last = vectors[0]
+        return builder.add(_shuffle(builder, last, last, list(range(0, 16, 2))),
+                           _shuffle(builder, last, last, list(range(1, 16, 2))))
+
+    @intrinsic
+    def _int8_scores_8(typingctx, q0, q1, k, t, k_scale, sq0, sq1, s0, s1, tops):
+        """s0[t + j] = (q0 . k[t + j]) k_scale[t + j] sq0 for j < 8, q0 int16 [64] (q / sq0), k int8
+        [S_max, 64] with contiguous rows, k_scale [S_max] contiguous; s1 likewise; tops [16] (q0's 8
+        running maxima, then q1's) raised to them."""
+        if not (isinstance(k, types.Array) and k.dtype == types.int8 and k.ndim == 2
+                and isinstance(k_scale, types.Array) and k_scale.layout == "C"):
+            return None
+
+        def codegen(context, builder, signature, args):
+            arrays = [context.make_array(ty)(context, builder, a) if isinstance(ty, types.Array) else None
+                      for ty, a in zip(signature.args, args)]
+            q0, q1, k, _, scales, _, _, s0, s1, tops = arrays
+            t = context.cast(builder, args[3], signature.args[3], types.intp)
+            factors = [context.cast(builder, args[i], signature.args[i], types.float32) for i in (5, 6)]
+            _, i16, i32, i64 = _VNNI_INT
+            v16i32, eight = ir.VectorType(i32, 16), ir.VectorType(ir.FloatType(), 8)
+            dp = _dpwssd(builder)
+            queries = []
+            for q in (q0, q1):
+                whole = builder.load(builder.bitcast(q.data, ir.VectorType(i16, 64).as_pointer()), align=2)
+                queries.append([_shuffle(builder, whole, whole, list(range(32 * h, 32 * h + 32))) for h in (0, 1)])
+            sums = ([], [])
+            for j in range(8):
+                halves = _int16_halves(builder, k, builder.add(t, i64(j)))
+                for query, partial in zip(queries, sums):
+                    first = builder.call(dp, [ir.Constant(v16i32, None), query[0], halves[0]])
+                    partial.append(builder.call(dp, [first, query[1], halves[1]]))
+            per_key = builder.load(builder.bitcast(builder.gep(scales.data, [t]), eight.as_pointer()), align=4)
+            for q, (partial, factor, out) in enumerate(zip(sums, factors, (s0, s1))):
+                scores = builder.fmul(builder.sitofp(_isum_lanes_of_8(builder, partial), eight),
+                                      builder.fmul(per_key, _splat(builder, factor, 8), flags=_FAST), flags=_FAST)
+                builder.store(scores, builder.bitcast(builder.gep(out.data, [t]), eight.as_pointer()), align=4)
+                top = builder.bitcast(builder.gep(tops.data, [i64(8 * q)]), eight.as_pointer())
+                old = builder.load(top, align=4)
+                builder.store(builder.select(builder.fcmp_ordered(">", scores, old), scores, old), top, align=4)
+            return context.get_dummy_value()
+        return types.none(q0, q1, k, t, k_scale, sq0, sq1, s0, s1, tops), codegen
+
+    @intrinsic
+    def _int8_values(typingctx, v, first, stop, last, p0, p1, o0, o1):
+        """o0[i] += sum of p0[t] v[t, d] + p0[t + 1] v[t + 1, d] over pairs t = first, first + 2, ..
+        < stop, d = INT8_VALUE_ORDER[i], in int32, then added to o0 (fp32 [64]); row t + 1 past
+        `last` reads row `last` (its weight is 0: p0, p1 int16, zero past the last key, even
+        length); v int8 [S_max, 64] with contiguous rows."""
+        if not (isinstance(v, types.Array) and v.dtype == types.int8 and v.ndim == 2):
+            return None
+
+        def codegen(context, builder, signature, args):
+            arrays = [context.make_array(ty)(context, builder, a) if isinstance(ty, types.Array) else None
+                      for ty, a in zip(signature.args, args)]
+            v, _, _, _, p0, p1, o0, o1 = arrays
+            first, stop, last = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 3))
+            i8, i16, i32, i64 = _VNNI_INT
+            v16i32, v32i16, v16f32 = ir.VectorType(i32, 16), ir.VectorType(i16, 32), ir.VectorType(ir.FloatType(), 16)
+            dp = _dpwssd(builder)
+            prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VoidType(), [i8.as_pointer(), i32, i32, i32]), "llvm.prefetch.p0")
+
+            def clamp(row):
+                return builder.select(builder.icmp_signed("<", row, last), row, last)
+            entry, loop, done, t, sums = _loop_open(builder, first, stop, "pairs",  # per query, 4 x 16 dimensions
+                                                    [ir.Constant(v16i32, None)] * 8)
+            ahead = builder.add(t, i64(PREFETCH_BYTES_AHEAD // INT8_DOT_HEAD_DIM))
+            for row in (clamp(ahead), clamp(builder.add(ahead, i64(1)))):  # one 64-byte line a row
+                builder.call(prefetch, [_row_bytes(builder, v, row), i32(0), i32(3), i32(1)])
+            rows = (_int16_halves(builder, v, t), _int16_halves(builder, v, clamp(builder.add(t, i64(1)))))
+            mixed = []
+            for h in (0, 1):  # within each 128-bit lane: dims 0-3 of both rows, then dims 4-7
+                for high in (0, 4):
+                    mask = [8 * lane + high + j + other for lane in range(4) for j in range(4) for other in (0, 32)]
+                    mixed.append(_shuffle(builder, rows[0][h], rows[1][h], mask))
+            new = []
+            for q, p in enumerate((p0, p1)):
+                pair = builder.load(builder.bitcast(builder.gep(p.data, [t]), i32.as_pointer()), align=2)
+                weights = builder.shuffle_vector(builder.insert_element(ir.Constant(v16i32, ir.Undefined), pair, i32(0)),
+                                                 ir.Constant(v16i32, ir.Undefined), ir.Constant(v16i32, [0] * 16))
+                weights = builder.bitcast(weights, v32i16)
+                for c in range(4):
+                    new.append(builder.call(dp, [sums[4 * q + c], mixed[c], weights]))
+            _loop_back(builder, t, stop, sums, new, loop, done, step=2)
+            finals = []
+            for value in new:  # every phi first: LLVM wants them at the block's top
+                final = builder.phi(v16i32)
+                final.add_incoming(ir.Constant(v16i32, None), entry)
+                final.add_incoming(value, loop)
+                finals.append(final)
+            for q, o in enumerate((o0, o1)):
+                for c in range(4):
+                    target = builder.bitcast(builder.gep(o.data, [i64(16 * c)]), v16f32.as_pointer())
+                    total = builder.fadd(builder.load(target, align=4), builder.sitofp(finals[4 * q + c], v16f32))
+                    builder.store(total, target, align=4)
+            return context.get_dummy_value()
+        return types.none(v, first, stop, last, p0, p1, o0, o1), codegen
+
+    @numba.njit(inline="always")
+    def _as_int16(x, out):
+        """out = round(x / scale) as int16 for x [64], scale = max |x| / INT16_MAX (1 if x is all 0);
+        returns scale."""
+        top = np.float32(0)
+        for i in range(x.shape[0]):
+            top = max(top, abs(x[i]))
+        scale = top / np.float32(INT16_MAX) if top > 0 else np.float32(1)
+        inverse = np.float32(1) / scale
+        for i in range(x.shape[0]):
+            out[i] = np.int16(np.floor(x[i] * inverse + np.float32(0.5)))
+        return scale
+
+    def _attended_in_integers(q, k, v, k_scale, v_scale, k_scale_all, v_scale_all, n, out):
+        """Attend as `_attend_pair_int8` and say True where it applies: an int8 cache (per-token
+        scales) at dh = 64 on a CPU with AVX512-VNNI; elsewhere False, and nothing of it compiled."""
+
+    @overload(_attended_in_integers)
+    def _attended_in_integers_for(q, k, v, k_scale, v_scale, k_scale_all, v_scale_all, n, out):
+        if not (_INT8_IN_INTEGERS and isinstance(k, types.Array) and k.dtype == types.int8
+                and isinstance(k_scale, types.Array) and k_scale.ndim == 1):
+            return lambda q, k, v, k_scale, v_scale, k_scale_all, v_scale_all, n, out: False
+
+        def attend(q, k, v, k_scale, v_scale, k_scale_all, v_scale_all, n, out):
+            if q.shape[1] != INT8_DOT_HEAD_DIM or k.shape[1] != INT8_DOT_HEAD_DIM:
+                return False
+            _attend_pair_int8(q, k, v, k_scale, v_scale, k_scale_all, v_scale_all, n, out)
+            return True
+        return attend
+
+    @numba.njit(fastmath=True, cache=True)
+    def _attend_pair_int8(q, k, v, k_scale, v_scale, k_scale_all, v_scale_all, n, out):
+        """`_attend_pair` over an int8 cache at dh = 64, in integers (see above): the same softmax,
+        with q and the weights p_t v_scale[t] rounded to int16, each at its own scale. That
+        rounding is 2^-16 of their largest, against the cache's own 2^-8: outputs stay within
+        ~2e-4 of their largest of the float path's (tested), and the keys and values are only
+        sign-extended. lab-cpu, 4,096 keys, one core: 19.5 us against 27.3 us the unit."""
+        dh = INT8_DOT_HEAD_DIM
+        q16 = np.empty((2, dh), np.int16)
+        sq0, sq1 = _as_int16(q[0], q16[0]) * k_scale_all, _as_int16(q[1], q16[1]) * k_scale_all
+        s0, s1 = np.empty(n, np.float32), np.empty(n, np.float32)
+        tops = np.full(16, -np.inf, np.float32)
+        t, distance = 0, keys_ahead(k)
+        while t + 8 <= n:
+            for ahead in range(8):
+                _prefetch_row(k, min(t + ahead + distance, n - 1))
+            _int8_scores_8(q16[0], q16[1], k, t, k_scale, sq0, sq1, s0, s1, tops)
+            t += 8
+        top0 = top1 = np.float32(-np.inf)
+        for j in range(8):
+            top0, top1 = max(top0, tops[j]), max(top1, tops[8 + j])
+        while t < n:  # the last keys, one at a time
+            a0 = a1 = 0
+            for d in range(dh):
+                code = np.int32(k[t, d])
+                a0 += np.int32(q16[0, d]) * code
+                a1 += np.int32(q16[1, d]) * code
+            s0[t], s1[t] = np.float32(a0) * (k_scale[t] * sq0), np.float32(a1) * (k_scale[t] * sq1)
+            top0, top1 = max(top0, s0[t]), max(top1, s1[t])
+            t += 1
+        total0, total1 = _pair_numerators(s0, s1, n, np.float32(1), top0, top1)
+        big0 = big1 = np.uint32(0)
+        for t in range(n):  # V's scales folded into the weights; their largest compared as bits (they are >= 0,
+            w0, w1 = s0[t] * v_scale[t], s1[t] * v_scale[t]  # so the bits order as the values: a loop
+            s0[t], s1[t] = w0, w1                              # LLVM vectorises, where max() on floats was not)
+            b0, b1 = _float32_bits(w0), _float32_bits(w1)
+            big0 = b0 if b0 > big0 else big0
+            big1 = b1 if b1 > big1 else big1
+        scales = []
+        for big in (_bits_as_float32(big0), _bits_as_float32(big1)):
+            scales.append(big / np.float32(INT16_MAX) if big > 0 else np.float32(1))
+        sp0, sp1 = scales[0], scales[1]
+        even = n + (n & 1)
+        p0, p1 = np.zeros(even, np.int16), np.zeros(even, np.int16)
+        i0, i1 = np.float32(1) / sp0, np.float32(1) / sp1
+        for t in range(n):  # >= 0: truncating x + 0.5 rounds to nearest
+            p0[t] = np.int16(np.int32(s0[t] * i0 + np.float32(0.5)))
+        for t in range(n):
+            p1[t] = np.int16(np.int32(s1[t] * i1 + np.float32(0.5)))
+        o = np.zeros((2, dh), np.float32)
+        for start in range(0, even, INT8_BLOCK_KEYS):
+            _int8_values(v, start, min(start + INT8_BLOCK_KEYS, even), n - 1, p0, p1, o[0], o[1])
+        f0, f1 = sp0 * v_scale_all / total0, sp1 * v_scale_all / total1
+        for i in range(dh):
+            d = INT8_VALUE_ORDER[i]
+            out[0, d], out[1, d] = o[0, i] * f0, o[1, i] * f1
 
     @numba.njit(inline="always")
     def _pair_scores_8(q0, q1, k, t, per_token, k_scale, s0, s1, tops):
@@ -900,6 +1146,8 @@ if AVAILABLE:
         """`_attend_one` for G = 2, the two queries in one loop: each widened key or value feeds
         both from a register (about 1.4x the keys per second of the general loop)."""
         dh = q.shape[1]
+        if _attended_in_integers(q, k, v, k_scale, v_scale, k_scale_all, v_scale_all, n, out):
+            return
         s0, s1 = np.empty(n, np.float32), np.empty(n, np.float32)
         top0, top1 = _pair_scores(q[0], q[1], k, n, per_token, k_scale, s0, s1)  # int8: each key's scale in
         total0, total1 = _pair_numerators(s0, s1, n, k_scale_all, top0, top1)

@@ -439,3 +439,45 @@ def test_the_fused_elementwise_kernels_equal_the_steps_numpy(rows):
     assert_close(got, want, "rotate_in_place")
     gate_up = np.concatenate((r.uniform(-30, 30, (rows, 768)), r.standard_normal((rows, 768))), 1).astype(np.float32)
     assert_close(cpu_kernels.swiglu(gate_up), cpu_decode._swiglu(gate_up), "swiglu")
+
+
+@pytest.mark.skipif(not cpu_kernels.int8_in_integers(), reason="this CPU has no AVX512-VNNI: int8 is widened to fp32")
+@pytest.mark.parametrize("length", [4096, 1000, 257, 9])
+def test_int8_attention_in_integers_stays_near_the_reference(length):
+    """lab-cpu's int8 attention (dh = 64, G = 2) runs in integers here: `decode_attention` gives
+    `_attend_pair_int8`'s output bit for bit, and q and the weights rounded to int16 keep it within
+    1e-3 of the largest output of the float64 reference over the same codes (measured: ~2e-4 at
+    4,096 keys; the cache's own int8 rounding is ~4e-3 of each value). Rows longer than one
+    int32 block (256 keys), odd lengths (a last key without a partner), a sharp and a flat softmax."""
+    B, Hkv, S, dh = 2, 2, length + 3, 64
+    lengths = np.array([length, length - 1], np.int32)
+    for sharpness, seed in ((1.0, 21), (30.0, 22)):
+        q = rng(seed).standard_normal((B, Hkv, 2, dh), dtype=np.float32) * dh ** -0.5 * sharpness
+        (k, k_scale), (v, v_scale) = stored_cache("int8", (B, Hkv, S, dh), seed + 1), stored_cache("int8", (B, Hkv, S, dh), seed + 2)
+        one = np.float32(1)
+        out = np.full(q.shape, np.nan, np.float32)
+        cpu_kernels.decode_attention(q, k, v, True, k_scale, v_scale, one, one, lengths, out, 0, B * Hkv)
+        ref = cpu_kernels.decode_attention_reference(q, k, v, k_scale, v_scale, lengths)
+        err = np.abs(out - ref).max() / np.abs(ref).max()
+        assert err < 1e-3, f"{length} keys, sharpness {sharpness}: {err:.2e} of the largest output"
+        direct = np.full((2, dh), np.nan, np.float32)
+        cpu_kernels._attend_pair_int8(q[1, 1], k[1, 1], v[1, 1], k_scale[1, 1], v_scale[1, 1], one, one,
+                                      lengths[1], direct)  # an int32, as decode_attention passes it
+        np.testing.assert_array_equal(out[1, 1], direct)
+
+
+@pytest.mark.skipif(not cpu_kernels.int8_in_integers(), reason="this CPU has no AVX512-VNNI: int8 is widened to fp32")
+def test_int8_attention_in_integers_does_not_overflow():
+    """The int32 sums at their largest: a flat softmax (q = 0: every weight the largest, 32,767)
+    over 4,096 values all +127 in code. One block of 256 keys reaches 256 x 32,767 x 127 ~ 2^30;
+    summed over more keys at once the int32 would wrap."""
+    B, Hkv, S, dh = 1, 2, 4096, 64
+    q = np.zeros((B, Hkv, 2, dh), np.float32)
+    k = rng(30).integers(-127, 128, (B, Hkv, S, dh)).astype(np.int8)
+    v = np.full((B, Hkv, S, dh), 127, np.int8)
+    k_scale = rng(31).random((B, Hkv, S), dtype=np.float32) + np.float32(0.5)
+    v_scale = np.full((B, Hkv, S), 0.01, np.float32)
+    lengths, one = np.array([S], np.int32), np.float32(1)
+    out = np.full(q.shape, np.nan, np.float32)
+    cpu_kernels.decode_attention(q, k, v, True, k_scale, v_scale, one, one, lengths, out, 0, B * Hkv)
+    np.testing.assert_allclose(out, np.float32(1.27), rtol=1e-5)
