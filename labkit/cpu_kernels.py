@@ -161,7 +161,8 @@ def decode_attention_reference(q, k, v, k_scale, v_scale, lengths):
 
 # ------------------------------------------------------------------ kernels (numba)
 if AVAILABLE:
-    _INT8_IN_INTEGERS = int8_in_integers()  # read by numba as a constant: the other branch is not compiled
+    _INT8_IN_INTEGERS = int8_in_integers()  # read as `_attended_in_integers` is typed: without VNNI its code is never compiled
+
     @intrinsic
     def _bits_as_float32(typingctx, bits):
         """The fp32 whose bits are the low 32 bits of the integer `bits` (a register
