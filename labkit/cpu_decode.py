@@ -156,10 +156,8 @@ class CpuDecode:
         write_here = not mixed
         as_numpy = write_here and cache.cache_dtype in ("fp32", "int8")
         rounded = write_here and self.store_rounded is not None and cache.cache_dtype in cpu_kernels.ROUNDED_STORES
-        K_all, V_all = ((cache.k.numpy(), cache.v.numpy()) if as_numpy else _as_stored(cache)[:2] if rounded
-                        else (cache.k, cache.v))
+        K_all, V_all, KS_all, VS_all = _as_stored(cache) if as_numpy or rounded else (cache.k, cache.v, None, None)
         int8 = write_here and cache.cache_dtype == "int8"
-        KS_all, VS_all = (cache.k_scale.numpy(), cache.v_scale.numpy()) if int8 else (None, None)
         fp8 = write_here and cache.cache_dtype == "fp8"
         # fp8's per-layer inverse scales [L], as the reference takes them: scale.reciprocal()
         K_inv, V_inv = (cache.k_scale.reciprocal().numpy(), cache.v_scale.reciprocal().numpy()) if fp8 else (None, None)
@@ -330,12 +328,15 @@ class CpuDecode:
 def _as_stored(cache):
     """(K, V, k_scales, v_scales) of `cache` for numba's attention: numpy views of its buffers
     [L, B, Hkv, T, dh] as stored (`AS_STORED`), int8's per-token scales [L, B, Hkv, T] (else
-    `NO_SCALES`, unread)."""
-    as_torch, as_numpy = AS_STORED[cache.cache_dtype]
-    K_all, V_all = (t.view(as_torch).numpy().view(as_numpy) for t in (cache.k, cache.v))
-    if cache.cache_dtype == "int8":
-        return K_all, V_all, cache.k_scale.numpy(), cache.v_scale.numpy()
-    return K_all, V_all, NO_SCALES, NO_SCALES
+    `NO_SCALES`, unread). Made once per cache (`KVCache.memo`): the attention reader, the
+    call-by-call step's cache writes and the one-call step all take them every step."""
+    stored = cache.memo.get("as_stored")
+    if stored is None:
+        as_torch, as_numpy = AS_STORED[cache.cache_dtype]
+        K_all, V_all = (t.view(as_torch).numpy().view(as_numpy) for t in (cache.k, cache.v))
+        scales = (cache.k_scale.numpy(), cache.v_scale.numpy()) if cache.cache_dtype == "int8" else (NO_SCALES, NO_SCALES)
+        stored = cache.memo["as_stored"] = (K_all, V_all, *scales)
+    return stored
 
 
 def _attention_parts(units: int, read_bytes: int) -> int:

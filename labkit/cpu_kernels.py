@@ -215,9 +215,14 @@ if AVAILABLE:
             for col in range(0, w.shape[1], step):
                 _prefetch(w, r, col)
 
+    def _rows_ahead(row_bytes):
+        """Rows of `row_bytes` each in PREFETCH_BYTES_AHEAD (at least 1): how far ahead the attention
+        asks for K or V rows (`keys_ahead` in numba code, the LLVM IR passes at codegen)."""
+        return max(1, PREFETCH_BYTES_AHEAD // row_bytes)
+
     @numba.njit(inline="always")
     def keys_ahead(array):
-        """Rows of a [rows, dh] cache block in PREFETCH_BYTES_AHEAD (at least 1)."""
+        """`_rows_ahead` for a [rows, dh] cache block."""
         return max(1, PREFETCH_BYTES_AHEAD // (array.shape[1] * array.itemsize))
 
     @numba.njit(inline="always")
@@ -403,8 +408,8 @@ if AVAILABLE:
     # written out below: numba gives no vector types). One line of the panel PANEL_PREFETCH_AHEAD ahead
     # is asked for per step of K, so the weight streams in while the tile multiplies.
     def _splat(builder, value, lanes):
-        """The float `value` in every lane of a <lanes x float> vector."""
-        vector = ir.VectorType(ir.FloatType(), lanes)
+        """The scalar `value` (a float, an i32, ...) in every lane of a <lanes x its type> vector."""
+        vector = ir.VectorType(value.type, lanes)
         first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.IntType(32)(0))
         return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined),
                                       ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
@@ -655,22 +660,32 @@ if AVAILABLE:
             runs = [builder.fadd(runs[i], runs[i + 1], flags=_FAST) for i in range(0, len(runs), 2)]
         return runs[0]
 
-    def _sum_lanes_of_8(builder, vectors):
-        """8 vectors <16 x float> -> one <8 x float> whose lane j is the sum of vectors[j]'s lanes.
+    def _sum_lanes_of_8(builder, vectors, add=None):
+        """8 vectors <16 x float> -> one <8 x float> whose lane j is the sum of vectors[j]'s lanes
+        (`add`: how two vectors add, fast fadd by default; the int8 pass's int32 give builder.add).
         Each round pairs the vectors up and keeps, of each key's `width` partial sums, the first
         half plus the second: 16 partials a key in 8 vectors, then 8 in 4, 4 in 2, 2 in 1."""
+        add = add or (lambda a, b: builder.fadd(a, b, flags=_FAST))
         width = 16
         while len(vectors) > 1:
             groups = 16 // width
             low = [g * width + e for g in range(groups) for e in range(width // 2)]
             high = [i + width // 2 for i in low]
-            vectors = [builder.fadd(_shuffle(builder, a, b, low + [16 + i for i in low]),
-                                    _shuffle(builder, a, b, high + [16 + i for i in high]), flags=_FAST)
+            vectors = [add(_shuffle(builder, a, b, low + [16 + i for i in low]),
+                           _shuffle(builder, a, b, high + [16 + i for i in high]))
                        for a, b in zip(vectors[0::2], vectors[1::2])]
             width //= 2
         last = vectors[0]  # 8 keys x 2 partials
-        return builder.fadd(_shuffle(builder, last, last, list(range(0, 16, 2))),
-                            _shuffle(builder, last, last, list(range(1, 16, 2))), flags=_FAST)
+        return add(_shuffle(builder, last, last, list(range(0, 16, 2))), _shuffle(builder, last, last, list(range(1, 16, 2))))
+
+    def _store_scores_8(builder, scores, out, t, tops, q):
+        """A K-pass block's end: scores <8 x float> into out[t : t + 8], and query q's 8 running
+        maxima (tops[8 q : 8 q + 8]) raised to them."""
+        eight = ir.VectorType(ir.FloatType(), 8)
+        builder.store(scores, builder.bitcast(builder.gep(out.data, [t]), eight.as_pointer()), align=4)
+        top = builder.bitcast(builder.gep(tops.data, [ir.IntType(64)(8 * q)]), eight.as_pointer())
+        old = builder.load(top, align=4)
+        builder.store(builder.select(builder.fcmp_ordered(">", scores, old), scores, old), top, align=4)
 
     def _pair_scores_8_for(dh, scaled):
         """The K pass's block for head size dh: s0[t : t + 8], s1[t : t + 8] = q0 . widen(k[t + j]),
@@ -726,11 +741,7 @@ if AVAILABLE:
                     scores = _sum_lanes_of_8(builder, partial)
                     if factor is not None:
                         scores = builder.fmul(scores, factor, flags=_FAST)
-                    target = builder.bitcast(builder.gep(out.data, [t]), eight.as_pointer())
-                    builder.store(scores, target, align=4)
-                    top = builder.bitcast(builder.gep(tops.data, [i64(8 * q)]), eight.as_pointer())
-                    old = builder.load(top, align=4)
-                    builder.store(builder.select(builder.fcmp_ordered(">", scores, old), scores, old), top, align=4)
+                    _store_scores_8(builder, scores, out, t, tops, q)
                 return context.get_dummy_value()
             return types.none(q0, q1, k, t, k_scale, s0, s1, tops), codegen
         return intrinsic(typer)
@@ -763,7 +774,7 @@ if AVAILABLE:
                     sum_type, [sum_type, sum_type, sum_type]), f"llvm.fmuladd.v{lanes}f32")
                 last = builder.sub(stop, i64(1))
                 entry, loop, done, t, sums = _loop_open(builder, first, stop, "values", starts)
-                ahead = builder.add(t, i64(max(1, PREFETCH_BYTES_AHEAD // (dh * _ROW_BYTES_PER_VALUE[kind]))))
+                ahead = builder.add(t, i64(_rows_ahead(dh * _ROW_BYTES_PER_VALUE[kind])))
                 ahead = builder.select(builder.icmp_signed("<", ahead, last), ahead, last)
                 row = _row_bytes(builder, v, ahead)
                 for line in range(0, dh * _ROW_BYTES_PER_VALUE[kind], 64):  # every line of the row ahead
@@ -819,20 +830,6 @@ if AVAILABLE:
         wide = builder.sext(raw, ir.VectorType(i16, 64))
         return [_shuffle(builder, wide, wide, list(range(32 * h, 32 * h + 32))) for h in (0, 1)]
 
-    def _isum_lanes_of_8(builder, vectors):
-        """`_sum_lanes_of_8` for <16 x i32>: 8 vectors -> <8 x i32>, lane j the sum of vectors[j]'s lanes."""
-        width = 16
-        while len(vectors) > 1:
-            low = [g * width + e for g in range(16 // width) for e in range(width // 2)]
-            high = [i + width // 2 for i in low]
-            vectors = [builder.add(_shuffle(builder, a, b, low + [16 + i for i in low]),
-                                   _shuffle(builder, a, b, high + [16 + i for i in high]))
-                       for a, b in zip(vectors[0::2], vectors[1::2])]
-            width //= 2
-        last = vectors[0]
-        return builder.add(_shuffle(builder, last, last, list(range(0, 16, 2))),
-                           _shuffle(builder, last, last, list(range(1, 16, 2))))
-
     @intrinsic
     def _int8_scores_8(typingctx, q0, q1, k, t, k_scale, sq0, sq1, s0, s1, tops):
         """s0[t + j] = (q0 . k[t + j]) k_scale[t + j] sq0 for j < 8, q0 int16 [64] (q / sq0), k int8
@@ -863,12 +860,9 @@ if AVAILABLE:
                     partial.append(builder.call(dp, [first, query[1], halves[1]]))
             per_key = builder.load(builder.bitcast(builder.gep(scales.data, [t]), eight.as_pointer()), align=4)
             for q, (partial, factor, out) in enumerate(zip(sums, factors, (s0, s1))):
-                scores = builder.fmul(builder.sitofp(_isum_lanes_of_8(builder, partial), eight),
+                scores = builder.fmul(builder.sitofp(_sum_lanes_of_8(builder, partial, builder.add), eight),
                                       builder.fmul(per_key, _splat(builder, factor, 8), flags=_FAST), flags=_FAST)
-                builder.store(scores, builder.bitcast(builder.gep(out.data, [t]), eight.as_pointer()), align=4)
-                top = builder.bitcast(builder.gep(tops.data, [i64(8 * q)]), eight.as_pointer())
-                old = builder.load(top, align=4)
-                builder.store(builder.select(builder.fcmp_ordered(">", scores, old), scores, old), top, align=4)
+                _store_scores_8(builder, scores, out, t, tops, q)
             return context.get_dummy_value()
         return types.none(q0, q1, k, t, k_scale, sq0, sq1, s0, s1, tops), codegen
 
@@ -896,7 +890,7 @@ if AVAILABLE:
                 return builder.select(builder.icmp_signed("<", row, last), row, last)
             entry, loop, done, t, sums = _loop_open(builder, first, stop, "pairs",  # per query, 4 x 16 dimensions
                                                     [ir.Constant(v16i32, None)] * 8)
-            ahead = builder.add(t, i64(PREFETCH_BYTES_AHEAD // INT8_DOT_HEAD_DIM))
+            ahead = builder.add(t, i64(_rows_ahead(INT8_DOT_HEAD_DIM)))
             for row in (clamp(ahead), clamp(builder.add(ahead, i64(1)))):  # one 64-byte line a row
                 builder.call(prefetch, [_row_bytes(builder, v, row), i32(0), i32(3), i32(1)])
             rows = (_int16_halves(builder, v, t), _int16_halves(builder, v, clamp(builder.add(t, i64(1)))))
@@ -908,9 +902,7 @@ if AVAILABLE:
             new = []
             for q, p in enumerate((p0, p1)):
                 pair = builder.load(builder.bitcast(builder.gep(p.data, [t]), i32.as_pointer()), align=2)
-                weights = builder.shuffle_vector(builder.insert_element(ir.Constant(v16i32, ir.Undefined), pair, i32(0)),
-                                                 ir.Constant(v16i32, ir.Undefined), ir.Constant(v16i32, [0] * 16))
-                weights = builder.bitcast(weights, v32i16)
+                weights = builder.bitcast(_splat(builder, pair, 16), v32i16)
                 for c in range(4):
                     new.append(builder.call(dp, [sums[4 * q + c], mixed[c], weights]))
             _loop_back(builder, t, stop, sums, new, loop, done, step=2)
@@ -929,13 +921,18 @@ if AVAILABLE:
         return types.none(v, first, stop, last, p0, p1, o0, o1), codegen
 
     @numba.njit(inline="always")
+    def _int16_step(largest):
+        """The scale at which `largest` (>= 0) is INT16_MAX; 1 where it is 0 (all zeros: any will do)."""
+        return largest / np.float32(INT16_MAX) if largest > 0 else np.float32(1)
+
+    @numba.njit(inline="always")
     def _as_int16(x, out):
         """out = round(x / scale) as int16 for x [64], scale = max |x| / INT16_MAX (1 if x is all 0);
         returns scale."""
         top = np.float32(0)
         for i in range(x.shape[0]):
             top = max(top, abs(x[i]))
-        scale = top / np.float32(INT16_MAX) if top > 0 else np.float32(1)
+        scale = _int16_step(top)
         inverse = np.float32(1) / scale
         for i in range(x.shape[0]):
             out[i] = np.int16(np.floor(x[i] * inverse + np.float32(0.5)))
@@ -996,10 +993,7 @@ if AVAILABLE:
             b0, b1 = _float32_bits(w0), _float32_bits(w1)
             big0 = b0 if b0 > big0 else big0
             big1 = b1 if b1 > big1 else big1
-        scales = []
-        for big in (_bits_as_float32(big0), _bits_as_float32(big1)):
-            scales.append(big / np.float32(INT16_MAX) if big > 0 else np.float32(1))
-        sp0, sp1 = scales[0], scales[1]
+        sp0, sp1 = _int16_step(_bits_as_float32(big0)), _int16_step(_bits_as_float32(big1))
         even = n + (n & 1)
         p0, p1 = np.zeros(even, np.int16), np.zeros(even, np.int16)
         i0, i1 = np.float32(1) / sp0, np.float32(1) / sp1
