@@ -8,7 +8,8 @@ A benchmark, not a timed test: nothing here passes or fails on speed. It calibra
 set included), then measures on the lab's model for this device (`sizes.lab_settings`):
 
     decode_batch   decode B = 1, 4, 16, 32 at S = 1,024, the lab's cache dtype
-    cache_dtype    decode B = 16, S = 4,096, each cache dtype the device offers
+    cache_dtype    decode B = 16, S = 4,096, each cache dtype the device offers (`sizes.CACHE_DTYPES`;
+                   the recording's `not_offered` names the others, with why: the CPU's fp8)
     prefill        prefill P = 1,024, 2,048, 4,096
 
 each with `sweeps.bracketed` (the bandwidth read just before and after, at the point's working
@@ -83,7 +84,7 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
                # the share of all cores other processes kept busy over the whole run (None: not known here)
                "others_busy_share": calibrate.others_busy_share(busy_from),
                "tables": {t: [row(p) for p in medians if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
-               "ratios": ratios(medians), "points": points}
+               "ratios": ratios(medians), "not_offered": sizes.NOT_OFFERED.get(here.device, {}), "points": points}
     path = write_recording(out, f"bench-{here.device}", payload)
     log(f"labkit: bench recording written to {path}")
     return path, payload

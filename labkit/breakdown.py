@@ -43,7 +43,7 @@ import numbers
 
 import torch
 
-from . import backend, calibrate, roofline, sweeps
+from . import backend, calibrate, roofline, sizes, sweeps
 from .clock import CALL_BY_CALL, CATEGORIES, OFF, Clock
 from .errors import LabError
 from .specs import ModelSpec
@@ -207,7 +207,8 @@ def _cpu_model(model: ModelSpec | str, device: str | None):
 
 def _cache_for(built, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):
     """The model's cache if it has this batch and dtype and room for `tokens`, else a new one
-    (checked before it is allocated: `Llama.setup_cache`)."""
+    (checked before it is allocated: `Llama.setup_cache`); a dtype this device's lab does not offer refused."""
+    sizes.check_offered(built.device.type, cache_dtype)
     cache = built.cache
     if cache is None or cache.batch != batch or cache.cache_dtype != cache_dtype or cache.max_tokens < tokens:
         cache = built.setup_cache(batch, tokens, cache_dtype, prefill_tokens)

@@ -1332,7 +1332,10 @@ if AVAILABLE:
                     row[j] = lo * c[j] + hi * s[j]
                     row[j + half] = hi * c[j + half] + lo * s[j + half]
 
-    @numba.njit(nogil=True, fastmath=True, cache=True)
+    # error_model="numpy": a float division by zero gives inf rather than raising, so the division
+    # carries no zero test and LLVM vectorises its loop (1 + e >= 1 here, never zero). With Python's
+    # error model the loop stayed scalar: [16, 1,536] took 12.6 us, now 5.4 (2-core Xeon VM).
+    @numba.njit(nogil=True, fastmath=True, cache=True, error_model="numpy")
     def swiglu(gate_up):
         """gate_up [B, 2 n] (gate, then up) -> silu(gate) * up, a new [B, n] fp32 array; the
         sigmoid from exp of -|g| (never overflows), vectorised by `exp_nonpositive`."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import roofline
+from . import roofline, sizes
 from .errors import FootprintError
 from .explore import HOST_BOUND_NOTE
 from .gpu_run import Run, command, error_line, quantized_cache, randn, rates, roof_text, roofs, run_steps
@@ -317,7 +317,8 @@ def sweep_section(run: Run, phase: str) -> dict:
     points = run_steps(run, steps)
     if model:
         model.release_cache()
-    return {"phase": phase, "model": run.sizes.model, "points": points}
+    offered = {"not_offered": run.results["decode_sweep_not_offered"]} if "decode_sweep_not_offered" in run.results else {}
+    return {"phase": phase, "model": run.sizes.model, "points": points, **(offered if phase == "decode" else {})}
 
 
 def prefill_steps(run: Run, model) -> list:
@@ -348,6 +349,11 @@ def decode_steps(run: Run, model) -> list:
 
     # The model's float cache: bf16, or fp16 on a GPU without bf16 (labkit.backend computes in it there).
     caches = cache_dtypes(run, "fp16" if run.device == "cuda" and run.dtype == "fp16" else CACHE_DTYPES[0])
+    # a dry run on the CPU measures as the CPU's lab does: the cache dtypes it offers (sizes.NOT_OFFERED)
+    refused = {c: why for c, why in sizes.NOT_OFFERED.get(run.device, {}).items() if c in caches}
+    if refused:
+        run.results["decode_sweep_not_offered"] = refused
+        caches = tuple(c for c in caches if c not in refused)
     grid = [(B, s.context, c) for c in caches for B in decode_batches(run, model, c)]
     grid += [(1, S, c) for c in caches for S in s.contexts if S != s.context]
     return [(f"decode {c} B={B} S={S}", lambda B=B, S=S, c=c: point(B, S, c)) for B, S, c in grid]

@@ -21,9 +21,28 @@ LAB_SETTINGS = {
 }
 
 
-# The KV-cache dtypes each device's lab offers (the lessons' toggles, `make bench`, `labkit.warm`):
-# a CPU stores every one; a GPU computes in bf16, so fp32 would only double the read.
-CACHE_DTYPES = {"cpu": ("fp32", "bf16", "fp8", "int8"), "cuda": ("bf16", "fp8", "int8")}
+# The KV-cache dtypes each device's lab offers (the lessons' toggles, `make bench`, `labkit.warm`, the
+# measurements of `sweeps` and `breakdown`): a GPU computes in bf16, so fp32 would only double the
+# read; a CPU offers no fp8, for the reason NOT_OFFERED gives (the CPU kernels still read one: tests).
+CACHE_DTYPES = {"cpu": ("fp32", "bf16", "int8"), "cuda": ("bf16", "fp8", "int8")}
+# Why a device's lab does not offer a cache dtype. The figures are bench-cpu-15's (pinned by
+# tests/test_sizes.py): the fp8 step's bracketed fraction of its roof, its step time over fp32's,
+# measured and predicted. Per 64-value row, widening e4m3 took ~16 vector micro-ops (shift, mask,
+# two fp16 -> fp32 conversions of two each per 16 values) where int8 takes 2, and a 2-core CPU
+# streaming from its L3 has time for ~17 in all, the dot products included; bf16 dot products
+# (AVX512-BF16) ran at half the FMAs' rate there, so they saved nothing.
+NOT_OFFERED = {"cpu": {"fp8": (
+    "the CPU path offers no fp8 KV cache: the CPUs this lab runs on have no fp8 arithmetic, and "
+    "widening e4m3 to fp32 in software took longer than reading it (2-core Xeon VM, lab-cpu at "
+    "B = 16, S = 4,096: 0.57 of its roof, a step 0.43 of fp32's where the roofline predicts 0.26; "
+    "data/recordings/bench-cpu-15.json). An int8 cache stores one byte a value too; fp8 is measured on a GPU")}}
+
+
+def check_offered(device: str, cache_dtype: str) -> None:
+    """Refuse, saying why, a cache dtype that `device`'s lab does not offer (NOT_OFFERED)."""
+    why = NOT_OFFERED.get(device, {}).get(cache_dtype)
+    if why is not None:
+        raise LabError(f"{why}; offered here: {', '.join(CACHE_DTYPES[device])}")
 
 
 def lab_settings(device: str) -> dict:

@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 import torch
 
-from . import backend, calibrate, measure, roofline
+from . import backend, calibrate, measure, roofline, sizes
 from .errors import LabError
 from .model import Llama
 from .roofline import KERNEL, Counting
@@ -80,6 +80,7 @@ def _warm_up(built: Llama):
 def _ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):
     """Reuse the model's cache if it has this batch and dtype and room for `tokens`, else replace
     it (the footprint check counts activations for `prefill_tokens` per sequence)."""
+    sizes.check_offered(model.device.type, cache_dtype)
     cache = model.cache
     if cache is None or cache.batch != batch or cache.cache_dtype != cache_dtype or cache.max_tokens < tokens:
         cache = model.setup_cache(batch, tokens, cache_dtype, prefill_tokens)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from labkit import bench, calibrate, cli, sweeps
+from labkit import bench, calibrate, cli, sizes, sweeps
 from labkit.calibrate import Plan
 from labkit.errors import LabError
 from labkit.recordings import load_recordings
@@ -32,7 +32,7 @@ def test_the_steps_are_the_issues_tables():
     decode = [(s["batch"], s["context_tokens"]) for s in steps if s["table"] == "decode_batch"]
     assert decode == [(1, 1024), (4, 1024), (16, 1024), (32, 1024)]
     dtypes = [(s["cache_dtype"], s["batch"], s["context_tokens"]) for s in steps if s["table"] == "cache_dtype"]
-    assert dtypes == [(d, 16, 4096) for d in ("fp32", "bf16", "fp8", "int8")]
+    assert dtypes == [(d, 16, 4096) for d in ("fp32", "bf16", "int8")], "the CPU offers no fp8 (sizes.NOT_OFFERED)"
     assert [s["prompt_tokens"] for s in steps if s["table"] == "prefill"] == [1024, 2048, 4096]
 
 
@@ -58,6 +58,7 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     first = saved["tables"]["decode_batch"][0]
     assert first["point"] == "decode B=1, S=64, cache fp32" and first["time_s"] > 0
     assert set(saved["ratios"]) == {"tokens_per_s_b16_over_b1", "step_int8_over_fp32"}
+    assert saved["not_offered"] == sizes.NOT_OFFERED["cpu"] and "fp8" in saved["not_offered"]
     gain = saved["ratios"]["tokens_per_s_b16_over_b1"]
     b1, b16 = saved["tables"]["decode_batch"]
     assert gain["measured"] == pytest.approx(b16["tokens_per_s"] / b1["tokens_per_s"])

@@ -258,3 +258,12 @@ def test_measure_runs_a_real_prefill_and_decode_on_the_cpu(capsys):
         assert 0 < point["roof_fraction"] and point["achieved_flops_per_s"] > 0
     assert prefill["prompt_tokens"] == 32 and decode["context_tokens"] == 64 and decode["batch"] == 2
     assert decode["cache_dtype"] == "fp32"  # the CPU default
+
+
+def test_measure_refuses_an_fp8_cache_on_the_cpu_saying_why(capsys):
+    pytest.importorskip("labkit.sweeps", reason="labkit.sweeps is not written yet")
+    assert cli.main(["measure", "decode", "--device", "cpu", "--model", "lab-tiny", "--context", "16",
+                     "--cache-dtype", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "the CPU path offers no fp8 KV cache" in err and "offered here: fp32, bf16, int8" in err
+    assert "Traceback" not in err

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from labkit import calibrate, explore, roofline, sizes, sweeps
+from labkit.errors import LabError
 from labkit.roofline import KERNEL
 from labkit.specs import HardwareSpec, get_model
 
@@ -158,3 +159,12 @@ def test_bracketed_judges_a_point_against_the_bandwidth_of_its_moment(fake_roof,
     monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: 30e9)
     compute_bound = dict(point, flops=1e12, time_s=20.0)  # 1e12 FLOP at FAKE_ROOF's 100 GFLOP/s: 10 s
     assert sweeps.bracketed(lambda: dict(compute_bound), "cpu")["bracketed_roof_fraction"] == pytest.approx(0.5)
+
+
+def test_a_cache_dtype_the_cpu_does_not_offer_is_refused_before_anything_is_allocated(fake_roof, monkeypatch):
+    from labkit import breakdown
+    built = sweeps.get_built_model("lab-tiny", "cpu")
+    monkeypatch.setattr(built, "setup_cache", lambda *a, **k: pytest.fail("a cache was allocated"))
+    for measure in (sweeps.measure_decode, breakdown.decode_breakdown):
+        with pytest.raises(LabError, match="the CPU path offers no fp8 KV cache"):
+            measure("lab-tiny", batch=2, context_tokens=10, cache_dtype="fp8", device="cpu")
