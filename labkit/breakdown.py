@@ -43,7 +43,7 @@ import numbers
 
 import torch
 
-from . import backend, calibrate, roofline, sizes, sweeps
+from . import backend, calibrate, roofline, sweeps
 from .clock import CALL_BY_CALL, CATEGORIES, OFF, Clock
 from .errors import LabError
 from .specs import ModelSpec
@@ -71,7 +71,7 @@ def prefill_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, prompt_toke
     spec, dtype = built.spec, built.compute_dtype
     _check(spec, batch, prompt_tokens, "prompt_tokens", low=1)
     cache_dtype = cache_dtype or dtype
-    _cache_for(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
+    sweeps.ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
     tokens = _random_tokens(spec, (batch, prompt_tokens))
     timings = _time_parts(built, lambda: built.prefill(tokens), lambda: None, budget_s)
     work = roofline.prefill_work_by_category(spec, prompt_tokens, batch, dtype, cache_dtype)
@@ -88,7 +88,7 @@ def decode_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, batch: int =
     built = _cpu_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
     _check(spec, batch, context_tokens, "context_tokens", low=0)
-    cache = _cache_for(built, batch, context_tokens + 1, cache_dtype, 1)  # no prefill
+    cache = sweeps.ensure_cache(built, batch, context_tokens + 1, cache_dtype, 1)  # no prefill
     if cache.filled_tokens < context_tokens:  # what a real cache holds, read the same way
         cache.fill_random(cache.max_tokens - 1)
     tokens = _random_tokens(spec, (batch,))
@@ -203,16 +203,6 @@ def _cpu_model(model: ModelSpec | str, device: str | None):
     if backend.choose_device(device).device != "cpu":
         raise LabError(CUDA_REFUSED)
     return sweeps.get_built_model(model, device)
-
-
-def _cache_for(built, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):
-    """The model's cache if it has this batch and dtype and room for `tokens`, else a new one
-    (checked before it is allocated: `Llama.setup_cache`); a dtype this device's lab does not offer refused."""
-    sizes.check_offered(built.device.type, cache_dtype)
-    cache = built.cache
-    if cache is None or cache.batch != batch or cache.cache_dtype != cache_dtype or cache.max_tokens < tokens:
-        cache = built.setup_cache(batch, tokens, cache_dtype, prefill_tokens)
-    return cache
 
 
 def _check(spec: ModelSpec, batch, tokens, name: str, low: int):

@@ -317,8 +317,10 @@ def sweep_section(run: Run, phase: str) -> dict:
     points = run_steps(run, steps)
     if model:
         model.release_cache()
-    offered = {"not_offered": run.results["decode_sweep_not_offered"]} if "decode_sweep_not_offered" in run.results else {}
-    return {"phase": phase, "model": run.sizes.model, "points": points, **(offered if phase == "decode" else {})}
+    section = {"phase": phase, "model": run.sizes.model, "points": points}
+    if phase == "decode" and "decode_sweep_not_offered" in run.results:  # set by decode_steps
+        section["not_offered"] = run.results["decode_sweep_not_offered"]
+    return section
 
 
 def prefill_steps(run: Run, model) -> list:

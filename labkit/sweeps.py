@@ -77,9 +77,11 @@ def _warm_up(built: Llama):
     built.cache.set_lengths(0)
 
 
-def _ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):
+def ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefill_tokens: int):
     """Reuse the model's cache if it has this batch and dtype and room for `tokens`, else replace
-    it (the footprint check counts activations for `prefill_tokens` per sequence)."""
+    it (the footprint check counts activations for `prefill_tokens` per sequence); a cache dtype
+    this device's lab does not offer is refused first (`sizes.check_offered`). The measurements
+    here and `breakdown`'s take their caches from it."""
     sizes.check_offered(model.device.type, cache_dtype)
     cache = model.cache
     if cache is None or cache.batch != batch or cache.cache_dtype != cache_dtype or cache.max_tokens < tokens:
@@ -145,7 +147,7 @@ def measure_prefill(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int =
     spec, dtype = built.spec, built.compute_dtype
     _check_shape(spec, batch, prompt_tokens, "prompt_tokens", low=1)
     cache_dtype = cache_dtype or dtype
-    _ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
+    ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
     tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
     timing = _time(lambda: built.prefill(tokens), built.device.type, repeats)
     flops = roofline.prefill_flops(spec, prompt_tokens, batch, counting)
@@ -165,7 +167,7 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     built = get_built_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
     _check_shape(spec, batch, context_tokens, "context_tokens", low=0)
-    cache = _ensure_cache(built, batch, max(capacity or 0, context_tokens + 1), cache_dtype, 1)  # no prefill
+    cache = ensure_cache(built, batch, max(capacity or 0, context_tokens + 1), cache_dtype, 1)  # no prefill
     if cache.filled_tokens < context_tokens:  # fill the whole cache once; later contexts reuse it
         cache.fill_random(cache.max_tokens - 1)
     cache.set_lengths(context_tokens, active=True)  # active even at context 0
