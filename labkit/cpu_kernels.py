@@ -90,6 +90,12 @@ VECTOR_HEAD_DIMS = (16, 64)
 # (`_attend_pair_int8`): q and the softmax weights rounded to 16-bit integers (INT16_MAX at their
 # largest), each int8 key or value only sign-extended, the products summed by vpdpwssd in int32
 # over at most INT8_BLOCK_KEYS keys at a time (32,767 x 127 per product: 256 of them stay < 2^31).
+# Tried and not kept: the K pass on AMX's tiles (q's int16 as a signed high and a shifted low
+# byte, a column of ones, one tdpbssd per 16 keys: the same int32 sums as here). One core, 4,096
+# keys: the K pass 8.3 -> 6.2 us of the unit's 17.5; in lab-cpu's step at B = 16, S = 4,096
+# attention took 1.64-1.75 ms against 1.60-1.70 (3 alternating processes): there the cache's
+# stream, not the arithmetic, sets its pace. Not worth its tile setup and Linux's permission
+# request (2-core Xeon VM).
 INT8_DOT_HEAD_DIM, INT16_MAX, INT8_BLOCK_KEYS = 64, 32767, 256
 
 
@@ -537,7 +543,14 @@ if AVAILABLE:
     @numba.njit(nogil=True, fastmath=True, parallel=True, cache=True)
     def panel_linear_on_cores(x, panels, out, parts):
         """`panel_linear` over all P panels in `parts` near-equal shares, one per numba thread (x
-        transposed once, for all of them)."""
+        transposed once, for all of them).
+
+        What sharing costs: the copy is written by this thread, and both threads then read it
+        from each other's caches. lab-cpu's o projection (N = 256) at 16 rows: each thread's half
+        took 9.1 us with a copy made just before, 5.8 with one made long before (and 5.7 on one
+        thread alone). A copy per thread, made inside the parallel region, was no faster in a
+        chain of 16 products (-0.6 to +0.9 us a product up to 16 rows, slower at 32): the
+        activations cross between the cores either way (2-core Xeon VM)."""
         P = panels.shape[0]
         xt = np.ascontiguousarray(x.T)
         for p in numba.prange(parts):
