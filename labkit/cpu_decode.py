@@ -225,7 +225,9 @@ class CpuDecode:
                                    self._norm_tuples[0], self._norm_tuples[1], self.norm, self._eps,
                                    (spec.n_heads, spec.n_kv_heads), np.float32(spec.head_dim ** -0.5),
                                    min(CORES, MAX_WORKERS), attention_parts, -(-B // step) * step)
-        return torch.from_numpy(logits[:B, :spec.vocab_size])
+        if logits.shape != (B, spec.vocab_size):  # padded rows or columns to drop
+            logits = logits[:B, :spec.vocab_size]
+        return torch.from_numpy(logits)
 
     def _fused_views(self, cache):
         """(K, V, k_scales, v_scales, k_all, v_all, store code) of `cache` for `cpu_step.decode_step`:

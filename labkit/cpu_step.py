@@ -27,6 +27,7 @@ as stored (`cpu_decode.AS_STORED`); logits [Bp, 16 P] (the caller takes [:B, :V]
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -146,12 +147,18 @@ def _builds_made_with_these_kernels() -> None:
         drop_stale_builds(Path(cache._cache_path), cache._cache_file._index_name, digest)
 
 
+_POOL_STARTED_IN = [None]  # the process (pid) in which `run_step` has started numba's pool
+
+
 def run_step(*args):
     """`decode_step(*args)`, numba's thread pool started first: `decode_step` is not a parallel
     function itself (the products and attention it calls are), and a process that loads it from
     numba's cache before any parallel function has run would call into a pool that does not exist
-    (a segmentation fault, numba 0.68). `numba.get_num_threads` starts the pool if it is not."""
-    numba.get_num_threads()
+    (a segmentation fault, numba 0.68). `numba.get_num_threads` starts the pool if it is not; asked
+    once per process (a forked child asks again), not every step: after a step it took ~9 us."""
+    if _POOL_STARTED_IN[0] != os.getpid():
+        numba.get_num_threads()
+        _POOL_STARTED_IN[0] = os.getpid()
     return decode_step(*args)
 
 

@@ -201,3 +201,18 @@ def test_the_step_builds_are_marked_with_these_kernels():
         cache = dispatcher._cache
         mark = Path(cache._cache_path) / f"{cache._cache_file._index_name}.kernels"
         assert mark.read_text() == digest, mark
+
+
+def test_run_step_starts_numbas_pool_once_a_process(monkeypatch):
+    """`run_step` asks numba to start its pool the first time in a process (and again in a
+    forked child, whose pid differs), not before every step."""
+    asked = []
+    monkeypatch.setattr(cpu_step.numba, "get_num_threads", lambda: asked.append(1) or 2)
+    monkeypatch.setattr(cpu_step, "decode_step", lambda *args: args)
+    monkeypatch.setattr(cpu_step, "_POOL_STARTED_IN", [None])
+    assert cpu_step.run_step(1, 2) == (1, 2) and cpu_step.run_step(3) == (3,)
+    assert asked == [1]
+    monkeypatch.setattr(cpu_step.os, "getpid", lambda: -1)  # as in a forked child
+    cpu_step.run_step(4)
+    cpu_step.run_step(5)
+    assert asked == [1, 1]

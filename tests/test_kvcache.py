@@ -156,3 +156,38 @@ def test_the_cpu_path_fills_and_reads_a_quantised_cache_without_kernels(monkeypa
     step = 0.07 if cache_dtype == "fp8" else 0.01  # e4m3's 3 mantissa bits; int8's absmax / 254
     torch.testing.assert_close(got_k[:, :, 3:8], k, atol=step * k.abs().max().item(), rtol=0.07)
     torch.testing.assert_close(got_v[:, :, 3:8], -k, atol=step * k.abs().max().item(), rtol=0.07)
+
+
+def _lengths_state(cache):
+    return (list(cache.host_lengths), list(cache.active), cache.lengths.tolist(), cache._steps.tolist())
+
+
+@pytest.mark.parametrize("active", [None, True, False])
+def test_one_length_for_every_row_sets_what_the_per_row_path_sets(active):
+    """`set_lengths(n)` for every row skips the per-row loop (the timed loops' reset): from each
+    start (all free, all busy, mixed) it leaves the host lists, the lengths and the per-row steps
+    as a list of n per row does."""
+    starts = ([0, 0, 0], [5, 5, 5], [0, 7, 2])
+    for start in starts:
+        for n in (0, 1, 9):
+            fast, slow = (kvcache.KVCache(TINY, batch=3, max_tokens=16, cache_dtype="fp32", device="cpu")
+                          for _ in range(2))
+            for cache in (fast, slow):
+                cache.set_lengths(list(start))
+            fast.set_lengths(n, active=active)
+            slow.set_lengths([n] * 3, active=active)
+            busy = n > 0 if active is None else active
+            assert _lengths_state(fast) == ([n] * 3, [busy] * 3, [n] * 3, [int(busy)] * 3), (start, n, active)
+            assert _lengths_state(fast) == _lengths_state(slow), (start, n, active)
+            fast.advance(), slow.advance()
+            assert _lengths_state(fast) == _lengths_state(slow), (start, n, active)
+
+
+@pytest.mark.parametrize("n", [-1, 17])
+def test_a_length_outside_the_cache_is_refused_and_changes_nothing(n):
+    cache = kvcache.KVCache(TINY, batch=2, max_tokens=16, cache_dtype="fp32", device="cpu")
+    cache.set_lengths([3, 0])
+    before = _lengths_state(cache)
+    with pytest.raises(kvcache.LabError, match="outside the cache's 0 .. 16 positions"):
+        cache.set_lengths(n)
+    assert _lengths_state(cache) == before

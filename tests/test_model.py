@@ -460,3 +460,19 @@ def test_cpu_fp8_upcast_is_exact_for_every_code():
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)  # every fp8 e4m3 value
     finite = ~codes.float().isnan()
     assert torch.equal(upcast(codes)[finite], codes.float()[finite])
+
+
+def test_decode_takes_tokens_as_a_list_a_column_or_another_integer_dtype():
+    """A long tensor on the model's device is used as given (no conversion after each step);
+    anything else is converted: a list, int32 tokens, a [B, 1] column all give the same logits."""
+    model = Llama(TINY, batch=2, max_tokens=16, cache_dtype="fp32", device="cpu", seed=3)
+    tokens = torch.tensor([5, 9])
+    assert model._tokens(tokens) is tokens
+    assert model._tokens(tokens.int()).dtype == torch.long and model._tokens([5, 9]).tolist() == [5, 9]
+    model.prefill(torch.arange(6).repeat(2, 1))
+    logits = []
+    for given in (tokens, [5, 9], tokens.int(), tokens[:, None]):
+        model.cache.set_lengths(6)
+        logits.append(model.decode_step(given))
+    for other in logits[1:]:
+        assert torch.equal(other, logits[0])
