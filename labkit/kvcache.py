@@ -119,9 +119,6 @@ class KVCache:
         """Set how many positions rows hold (an int for all of `rows`, or a list). A row is
         active (decode_step advances it) if `active`, or by default if its length is > 0.
         Host and device copies are set together."""
-        if isinstance(lengths, int) and isinstance(rows, slice) and rows == slice(None):  # every row, one length
-            self._set_every_length(lengths, active)
-            return
         index = range(self.batch)[rows]
         values = [lengths] * len(index) if isinstance(lengths, int) else list(lengths)
         was_active = list(self.active)
@@ -137,22 +134,6 @@ class KVCache:
         else:
             self.lengths.copy_(torch.tensor(self.host_lengths, dtype=torch.int32))
         if self.active != was_active:  # rarely: a sequence starts or ends
-            self._steps.copy_(torch.tensor(self.active, dtype=torch.int32))
-
-    def _set_every_length(self, n: int, active: bool | None):
-        """`set_lengths(n)` for every row, without its per-row loop: the sweeps reset the lengths
-        after each timed decode step, inside the timed call (~10-25 us a step the loop took, with
-        the code and lists evicted by the step)."""
-        if not 0 <= n <= self.max_tokens:
-            raise LabError(f"length {n} outside the cache's 0 .. {self.max_tokens} positions")
-        self.host_lengths[:] = [int(n)] * self.batch
-        if self._numpy is not None:  # no host-to-device copy: cheap in a timed loop
-            self._numpy[0].fill(n)
-        else:
-            self.lengths.fill_(n)
-        now = [n > 0 if active is None else active] * self.batch
-        if self.active != now:  # rarely: a sequence starts or ends
-            self.active[:] = now
             self._steps.copy_(torch.tensor(self.active, dtype=torch.int32))
 
     def advance(self):

@@ -164,9 +164,9 @@ def _lengths_state(cache):
 
 @pytest.mark.parametrize("active", [None, True, False])
 def test_one_length_for_every_row_sets_what_the_per_row_path_sets(active):
-    """`set_lengths(n)` for every row skips the per-row loop (the timed loops' reset): from each
-    start (all free, all busy, mixed) it leaves the host lists, the lengths and the per-row steps
-    as a list of n per row does."""
+    """`set_lengths(n)` for every row (the timed loops' reset, the int branch): from each start
+    (all free, all busy, mixed) it leaves the host lists, the lengths and the per-row steps as
+    a list of n per row does."""
     starts = ([0, 0, 0], [5, 5, 5], [0, 7, 2])
     for start in starts:
         for n in (0, 1, 9):
