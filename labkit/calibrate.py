@@ -13,7 +13,9 @@ does, and a GPU's datasheet peak is rarely reached. `calibrate` measures, in abo
     weights fit in the L3 reads at the L3's rate, not the DRAM's (issue 13: 37-52 GB/s for
     4-64 MiB against 17-24 GB/s past 128 MiB on a 2-core Xeon VM);
   * matmul peak per dtype: 2 n^3 FLOPs over the time of an n x n @ n x n product, best over a
-    few sizes. fp32 is plain IEEE fp32 (TF32 off). On CUDA, fp8 uses `torch._scaled_mm` and int8
+    few sizes. fp32 is plain IEEE fp32 (TF32 off); on a CPU it is the fastest of torch's matmul
+    and oneDNN's linear (`CPU_FP32_PATHS`: on an AMD CPU torch's MKL ran at half the cores' rate,
+    and the lab's own products ran past a roof it measured). On CUDA, fp8 uses `torch._scaled_mm` and int8
     `torch._int_mm` when this torch and GPU have them, else None.
 
 Each figure is repeated until it is trustworthy: on a CPU the fastest call counts once a
@@ -59,7 +61,7 @@ from .recordings import write_json_atomic
 from .specs import HardwareSpec, preset_for_device_name
 
 MIB, GIB = 2**20, 2**30
-CACHE_FORMAT = 2  # 2: the bandwidth curve, the caches, noisy figures
+CACHE_FORMAT = 3  # 2: the bandwidth curve, the caches, noisy figures; 3: the CPU's fp32 peak by the fastest of two paths
 MAX_AGE_S = 7 * 24 * 3600  # a week: drivers, clocks and neighbours change
 WORKING_SET_FACTOR = 4  # the sweep reaches 4x the last-level cache: well past it, into memory
 SMALLEST_WORKING_SET = MIB
@@ -234,27 +236,49 @@ def bandwidth_by_working_set(kind: str, sizes: list[int], plan: Plan) -> list[di
 
 
 def _matmul_peak(kind: str, dtype: str, sizes: tuple, plan: Plan) -> dict:
-    """Best rate over `sizes` for n x n @ n x n in `dtype`, each size's samples kept;
-    {"error": ...} and no rate if this torch or device cannot do it."""
+    """Best rate over `sizes` for n x n @ n x n in `dtype`, each size's samples kept, and on a CPU
+    in fp32 the fastest of `CPU_FP32_PATHS` at each size ("path" names it); {"error": ...} and no
+    rate if this torch or device cannot do it."""
     by_size = {}
     for n in sizes:
-        try:
-            fn = _matmul_fn(kind, dtype, n)
-        except (RuntimeError, TypeError, AttributeError, NotImplementedError) as err:
-            first_line = (str(err).splitlines() or [""])[0]
-            return {"error": f"{type(err).__name__}: {first_line}"}
-        with _plain_fp32():
-            figure = _figure(fn, 2 * n**3, kind, plan)
-        by_size[str(n)] = {"flops_per_s": figure["rate"], "samples_s": figure["samples_s"], "noisy": figure["noisy"]}
+        paths = {}
+        for path in (CPU_FP32_PATHS if (kind, dtype) == ("cpu", "fp32") else ("torch.mm",)):
+            try:
+                fn = _matmul_fn(kind, dtype, n, path)
+            except (RuntimeError, TypeError, AttributeError, NotImplementedError) as err:
+                if path != "torch.mm":
+                    continue  # another library's path, where this torch has it
+                first_line = (str(err).splitlines() or [""])[0]
+                return {"error": f"{type(err).__name__}: {first_line}"}
+            with _plain_fp32():
+                paths[path] = _figure(fn, 2 * n**3, kind, plan)
+        path = max(paths, key=lambda name: paths[name]["rate"])
+        by_size[str(n)] = {"flops_per_s": paths[path]["rate"], "samples_s": paths[path]["samples_s"],
+                           "noisy": paths[path]["noisy"], "path": path,
+                           "paths": {name: {"flops_per_s": f["rate"], "noisy": f["noisy"]} for name, f in paths.items()}}
     best = max(by_size.values(), key=lambda s: s["flops_per_s"])
-    return {"flops_per_s": best["flops_per_s"], "noisy": best["noisy"], "by_size": by_size}
+    return {"flops_per_s": best["flops_per_s"], "noisy": best["noisy"], "path": best["path"], "by_size": by_size}
 
 
-def _matmul_fn(kind: str, dtype: str, n: int) -> Callable[[], object]:
-    """A ready-to-time n x n matmul in `dtype`, run once here so unsupported paths fail early."""
+# On a CPU the fp32 peak is the fastest of torch's matmul (MKL in torch's x86 wheels) and oneDNN's
+# linear, also in torch: on AMD CPUs MKL runs its AVX2 kernels, at half what the cores do with
+# AVX-512, and the lab's own products (numba's panel product, oneDNN's packed weights) ran past a
+# roof measured by it. 2-core AMD EPYC VM (Zen 5, cpu family 26), n x n fp32, fastest of 10:
+# torch.mm 206-214 GFLOP/s, oneDNN's linear 473-506 (n = 512-2,048); the panel product 380-426 on
+# decode-shaped products (16-128 rows, K = 256). On the lab's Xeon MKL is the faster one or close.
+CPU_FP32_PATHS = ("torch.mm", "oneDNN linear")
+
+
+def _matmul_fn(kind: str, dtype: str, n: int, path: str = "torch.mm") -> Callable[[], object]:
+    """A ready-to-time n x n matmul in `dtype` by `path` (`CPU_FP32_PATHS`), run once here so
+    unsupported paths fail early."""
     a = torch.randn(n, n, device=kind)  # random, not zeros: data-dependent power affects clocks
     b = torch.randn(n, n, device=kind)
-    if dtype in COMPUTE_DTYPES:
+    if path == "oneDNN linear":  # a @ b.T, b as a linear's [out, in] weight (the same FLOPs)
+        if not torch.backends.mkldnn.is_available():
+            raise NotImplementedError("this torch has no oneDNN")
+        fn = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")  # noqa: E731
+    elif dtype in COMPUTE_DTYPES:
         a, b = a.to(torch_dtype(dtype, COMPUTE_DTYPES)), b.to(torch_dtype(dtype, COMPUTE_DTYPES))
         out = torch.empty_like(a)
         fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
@@ -295,7 +319,9 @@ def _spec(kind: str, curve: list[dict], caches, matmul: dict, date: str) -> Hard
         result = matmul.get(dtype, {})
         peaks[field] = result.get("flops_per_s")
         why_not = result.get("error") or f"no {dtype} matmul path on the {kind} in this lab"
-        sources[field] = measured if peaks[field] is not None else f"not measured: {why_not}"
+        among = f", the fastest of {' and '.join(CPU_FP32_PATHS)}" if (kind, dtype) == ("cpu", "fp32") else ""
+        sources[field] = (f"{measured} ({result['path']}{among})" if peaks[field] is not None
+                          else f"not measured: {why_not}")
     top = curve[-1]
     sources["memory_bandwidth_bytes_per_s"] = (f"{measured} (the {top['best']} test, the fastest of read, GEMV "
                                                f"and copy, at the largest working set, {top['bytes'] / MIB:,.0f} MiB)")

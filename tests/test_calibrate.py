@@ -85,6 +85,38 @@ def test_matmul_peak_is_the_best_confirmed_rate_over_sizes(measured):
     assert spec.fp32_flops_per_s == max(r["flops_per_s"] for r in by_size.values())
 
 
+def test_the_cpu_fp32_peak_is_the_fastest_of_its_paths(measured):
+    """torch's matmul and, where this torch has oneDNN, oneDNN's linear: each size keeps both rates
+    and its rate is the faster's, and the spec's source names the path that set the peak."""
+    spec, info = measured
+    fp32 = info["matmul"]["fp32"]
+    want = set(calibrate.CPU_FP32_PATHS) if torch.backends.mkldnn.is_available() else {"torch.mm"}
+    for result in fp32["by_size"].values():
+        assert set(result["paths"]) == want
+        assert result["flops_per_s"] == max(p["flops_per_s"] for p in result["paths"].values())
+        assert result["paths"][result["path"]]["flops_per_s"] == result["flops_per_s"]
+    best = max(fp32["by_size"].values(), key=lambda r: r["flops_per_s"])
+    assert fp32["path"] == best["path"]
+    assert f"({best['path']}, the fastest of torch.mm and oneDNN linear)" in spec.sources["fp32_flops_per_s"]
+
+
+def test_a_cpu_fp32_path_this_torch_lacks_is_passed_over(monkeypatch, quiet):
+    """oneDNN's linear failing (a torch built without it) leaves torch's matmul as the peak; torch's
+    own matmul failing is the dtype's error, as before."""
+    real = calibrate._matmul_fn
+
+    def no_onednn(kind, dtype, n, path="torch.mm"):
+        if path == "oneDNN linear":
+            raise RuntimeError("no oneDNN here")
+        return real(kind, dtype, n, path)
+
+    monkeypatch.setattr(calibrate, "_matmul_fn", no_onednn)
+    result = calibrate._matmul_peak("cpu", "fp32", (64,), calibrate.PLANS["cpu"])
+    assert set(result["by_size"]["64"]["paths"]) == {"torch.mm"} and result["path"] == "torch.mm"
+    monkeypatch.setattr(calibrate, "_matmul_fn", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("none")))
+    assert calibrate._matmul_peak("cpu", "fp32", (64,), calibrate.PLANS["cpu"]) == {"error": "RuntimeError: none"}
+
+
 def test_provenance_describes_the_run(measured):
     _, info = measured
     for key in ("device", "device_name", "torch", "triton", "python", "date", "command", "threads",
@@ -164,7 +196,7 @@ def test_cache_round_trip_measures_once(monkeypatch, tmp_path, quiet):
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": "2"}', "",
-                                     '{"format": 2, "spec": {"name": "x"}, "provenance": {}}'])
+                                     '{"format": 3, "spec": {"name": "x"}, "provenance": {}}'])
 def test_a_corrupted_cache_is_reported_and_measured_again(content, tmp_path, quiet):
     path = calibrate.cache_path("cpu")
     path.parent.mkdir(parents=True)
@@ -174,7 +206,7 @@ def test_a_corrupted_cache_is_reported_and_measured_again(content, tmp_path, qui
     assert info["cache_status"] == "measured (cached calibration unreadable)"
     assert spec.fp32_flops_per_s > 0
     assert json.loads(path.read_text())["spec"]["fp32_flops_per_s"] == spec.fp32_flops_per_s
-    assert json.loads(path.read_text())["format"] == calibrate.CACHE_FORMAT == 2
+    assert json.loads(path.read_text())["format"] == calibrate.CACHE_FORMAT == 3
 
 
 def test_a_cache_with_impossible_numbers_is_measured_again(quiet):
@@ -235,13 +267,15 @@ def test_a_cache_older_than_the_last_boot_is_measured_again(quiet, monkeypatch):
     assert calibrate.load_or_calibrate("cpu")[1]["cache_status"] == "hit"
 
 
-def test_a_cache_of_the_old_format_is_measured_again_without_a_warning(quiet, recwarn):
-    """Format 1 had no bandwidth curve: it is out of date, not broken."""
+@pytest.mark.parametrize("old", [1, 2])
+def test_a_cache_of_an_old_format_is_measured_again_without_a_warning(old, quiet, recwarn):
+    """Format 1 had no bandwidth curve, format 2 a CPU fp32 peak from torch's matmul alone (half
+    an AMD CPU's rate): out of date, not broken."""
     path = calibrate.cache_path("cpu")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"format": 1, "spec": {}, "provenance": {}}))
+    path.write_text(json.dumps({"format": old, "spec": {}, "provenance": {}}))
     assert calibrate.load_or_calibrate("cpu")[1]["cache_status"] == (
-        "measured (cached calibration is of format 1, this labkit writes 2)")
+        f"measured (cached calibration is of format {old}, this labkit writes 3)")
     assert not [w for w in recwarn if "unreadable" in str(w.message)]
 
 
