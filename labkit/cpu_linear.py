@@ -8,20 +8,22 @@ ways to do that are tried in this order, the first that applies is used:
 
   "mkl"    Intel CPUs with torch's MKL: MKL's own packed weight (cblas_sgemm_pack, the op
            inductor's `freezing` emits), packed once per batch size (the last `MKL_PACKS_KEPT`
-           sizes kept); with AVX-512, up to `MKL_FEW_ROWS` rows go to numba's products with their
+           sizes kept); with AVX-512, up to `FEW_ROWS` rows go to numba's products with their
            panel product instead (`Panels`: the whole step then runs on numba's threads, see
-           `MKL_FEW_ROWS`). Only on Intel: torch's MKL streamed decode products slowly on the
+           `FEW_ROWS`). Only on Intel: torch's MKL streamed decode products slowly on the
            lab's AMD CPUs (`ops.TorchOps.linear`), and this path has not been timed on one;
   "onednn" other CPUs with torch's oneDNN and numba (AMD, ARM): numba's kernels below
            `ONEDNN_MIN_ROWS` rows, where a product streams its weight, and oneDNN's packed weight
            (`torch.ops.mkldnn._reorder_linear_weight`, packed once per batch size as MKL's) from there up, where
            the head turns compute-bound and oneDNN's tiles reach 163 GFLOP/s at B = 16 against the
-           numba tile's 91 (2-core EPYC; 2.48 ms against 4.4 ms for the 49,152 x 256 head);
+           numba tile's 91 (2-core EPYC, Zen 3: 2.48 ms against 4.4 ms for the 49,152 x 256 head);
+           with AVX-512, up to `FEW_ROWS` rows numba's products with the panel product instead,
+           as the "mkl" kind (`FEW_ROWS` says what that gained on a Zen 5);
   "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.linear_columns` over a contiguous
            [out, in] copy of each weight, the loop chosen by the number of rows, and a weight that
            streams from memory (the LM head) for 4-11 rows by `cpu_kernels.tile_2x4_linear`,
-           which prefetches the rows ahead; on an Intel CPU with AVX-512 the panel product
-           instead from `PANEL_MIN_ROWS` rows (`Panels`; not yet timed on AMD's);
+           which prefetches the rows ahead; on a CPU with AVX-512 the panel product instead
+           from `PANEL_MIN_ROWS` rows (`Panels`);
   "blas"   without numba: numpy's OpenBLAS on the model's own weights (`cpu_blas.blas_matmul`),
            the step as it was before the other two.
 
@@ -74,7 +76,7 @@ NUMBA_SHARED_MIN_BYTES = 128 << 10
 # against 1.64, 2.26). From 12 rows the 4 x 4 tile or oneDNN, where the arithmetic sets the time.
 STREAMED_MIN_BYTES = 8 << 20
 STREAMED_ROWS = range(4, 12)
-# On an Intel CPU with AVX-512 (`Panels.available`), numba's products multiply from 1 row
+# On a CPU with AVX-512 (`Panels.available`), numba's products multiply from 1 row
 # (padded to a multiple of 4) by the panel product over a panel copy of each weight (`Panels`), whose 16 x 16
 # register tiles keep the weight streaming while they multiply, where MKL's kernel for a few rows kept
 # the cores waiting on memory once the decode step's cache had pushed the head out of the L3. The
@@ -104,7 +106,15 @@ PANEL_MIN_ROWS = 1
 # 28 -> 32 once the panel product's step ran as one call (`cpu_step`; 5 rounds alternating in one
 # process): B = 32 at S = 1,024 10.1-10.8 ms against MKL's 10.4-11.2, at S = 256 5.3-6.2 against
 # 5.7-6.8; at 36 rows no faster (11.3-12.4 against 11.3-11.9), so MKL keeps those.
-MKL_FEW_ROWS = 32
+# The same on an AMD CPU with AVX-512 for the "onednn" kind: 2-core EPYC VM (Zen 5, cpu family 26),
+# lab-cpu's 49,152 x 256 head alone, fastest of 30, panel product against oneDNN's packed weight:
+# 8 rows 1.12 against 1.60 ms, 16 0.94 against 1.39, 32 1.92 against 2.17, 64 4.10 against 3.70,
+# 128 7.76 against 7.05; whole steps (`sweeps.measure_decode`, 3 alternating processes, ranges),
+# with the panel product and the one-call step against numba's loops and oneDNN's packs: at
+# S = 1,024 B = 1 1.32-1.69 against 1.65-1.86 ms, 4 1.61-2.04 against 2.83-3.30, 16 3.30-4.35
+# against 4.27-6.30, 32 6.59-6.97 against 7.20-8.00; B = 16, S = 4,096 fp32 8.7-10.9 against
+# 9.2-10.6, bf16 5.1-5.3 against 6.5-7.0, int8 3.4-4.8 against 4.6-5.9.
+FEW_ROWS = 32
 
 
 def mkl_packing_available() -> tuple[bool, str]:
@@ -248,9 +258,9 @@ class MklProducts:
 
     def __init__(self, weights, reason):
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
-        # up to MKL_FEW_ROWS rows: numba's products with the panel product, where that applies
+        # up to FEW_ROWS rows: numba's products with the panel product, where that applies
         self.few = NumbaProducts(weights, reason) if Panels.available()[0] else None
-        self.reason = reason + (f"; up to {MKL_FEW_ROWS} rows numba's products with the panel product (AVX-512)"
+        self.reason = reason + (f"; up to {FEW_ROWS} rows numba's products with the panel product (AVX-512)"
                                 if self.few else "")
         self.packs = PacksByRows(self._pack)  # batch size -> per weight its pack
 
@@ -269,21 +279,20 @@ class MklProducts:
 
     def all_panels(self, rows: int) -> tuple | None:
         """Every weight's panels where every product at `rows` rows is the panel product, else None."""
-        if not self.panels_enabled or rows > MKL_FEW_ROWS:
+        if not self.panels_enabled or rows > FEW_ROWS:
             return None
         return self.few.all_panels(rows)
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if rows <= MKL_FEW_ROWS and self.panels_enabled:
+        if rows <= FEW_ROWS and self.panels_enabled:
             return self.few(i, x)
         packed, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkl._mkl_linear(xt, packed, self.weights[i], None, rows).numpy()
 
 
 class Panels:
-    """numba's panel product (`cpu_kernels.panel_linear`) on an Intel CPU with AVX-512
-    (`available`), for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first
+    """numba's panel product (`cpu_kernels.panel_linear`) on a CPU with AVX-512 (`available`), for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first
     such product (its bytes again, kept across batch sizes; all the copies predicted against free
     memory before the first is made, and none made, saying why, where they would not fit), x
     padded with zero rows to a multiple of 4, the panels shared out on numba's pool. Where it is
@@ -296,12 +305,10 @@ class Panels:
 
     @staticmethod
     def available() -> tuple[bool, str]:
-        """(does the panel product apply here?, why not): AVX-512's registers, on an Intel CPU, the
-        only kind it has been timed on (an AMD CPU with AVX-512 keeps its loops and oneDNN's packs)."""
+        """(does the panel product apply here?, why not): AVX-512's registers (timed on an Intel
+        Xeon, Emerald Rapids, and an AMD EPYC, Zen 5: `FEW_ROWS`)."""
         if not cpu_kernels.panels_in_registers():
             return False, "no AVX-512" if cpu_kernels.AVAILABLE else "numba is not installed"
-        if cpu_vendor() != "GenuineIntel":
-            return False, f"CPU vendor {cpu_vendor() or 'unknown'} (timed on Intel's only)"
         return True, ""
 
     def takes(self, i: int, rows: int) -> bool:
@@ -414,18 +421,31 @@ class OneDnnProducts:
     """numba's kernels for a few rows and for small weights, oneDNN's packed weights (one copy per
     weight of `ONEDNN_MIN_WEIGHT_BYTES` or more, packed for the batch sizes of the last steps as
     `MklProducts`) for `ONEDNN_MIN_ROWS` rows and more, on torch's threads. Measured on the 2-core
-    EPYC at S = 1,024, fastest of 40 steps: B = 16 in 7.3 ms (numba's products alone: 9.0 ms),
-    and with one other busy process 11.0 ms (numba's: 15.3 ms). Splitting the head into per-thread
-    blocks on the lab's Python pool was slower idle (9.6 ms) and no better busy."""
+    EPYC (Zen 3) at S = 1,024, fastest of 40 steps: B = 16 in 7.3 ms (numba's products alone: 9.0
+    ms), and with one other busy process 11.0 ms (numba's: 15.3 ms). Splitting the head into
+    per-thread blocks on the lab's Python pool was slower idle (9.6 ms) and no better busy.
+
+    With AVX-512 (`Panels.available`), up to `FEW_ROWS` rows go to numba's products with the panel
+    product instead, as `MklProducts` hands them: the whole step is then one numba call (`cpu_step`)."""
 
     name = "onednn"
 
     def __init__(self, weights, reason):
         self.few = NumbaProducts(weights, reason)
         self.weights = [torch.from_numpy(w) for w in self.few.weights]  # [out, in], contiguous
-        self.reason = reason
+        self.reason = reason + (f"; up to {FEW_ROWS} rows numba's products with the panel product (AVX-512)"
+                                if self.few.panels_enabled else "")
         self.packed = [packed(self.name, w.nbytes) for w in self.few.weights]  # per product: by oneDNN?
         self.packs = PacksByRows(self._pack)  # batch size -> packed weight per product (None: numba's)
+
+    @property
+    def panels_enabled(self) -> bool:
+        """Whether its few rows are numba's panel product (`Panels`) here."""
+        return self.few.panels_enabled
+
+    def all_panels(self, rows: int) -> tuple | None:
+        """Every weight's panels where every product at `rows` rows is the panel product, else None."""
+        return self.few.all_panels(rows) if rows <= FEW_ROWS else None
 
     def threads(self):
         """A context for the step's products: torch (oneDNN) on every core, numba's on its own pool."""
@@ -438,7 +458,7 @@ class OneDnnProducts:
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if rows < ONEDNN_MIN_ROWS or not self.packed[i]:
+        if rows < ONEDNN_MIN_ROWS or not self.packed[i] or (rows <= FEW_ROWS and self.panels_enabled):
             return self.few(i, x)
         xt = torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkldnn._linear_pointwise(xt, self.packs[rows][i], None, "none", [], "").numpy()

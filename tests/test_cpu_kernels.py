@@ -256,10 +256,9 @@ BIG = torch.randn(1025, 96, generator=torch.Generator().manual_seed(9))  # "stre
 
 
 def products_with_panels(monkeypatch, registers: bool, kind: str):
-    """(`kind`'s products of BIG and a small weight on an Intel CPU with or without AVX-512, the
-    rows of every panel product they make)."""
+    """(`kind`'s products of BIG and a small weight on a CPU with or without AVX-512, the rows of
+    every panel product they make)."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
-    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
     monkeypatch.setattr(cpu_linear, "STREAMED_MIN_BYTES", BIG.numel() * 4)
     calls = spy_panels(monkeypatch)
     products = cpu_linear.prepare([BIG, WEIGHTS[0]], kind)
@@ -283,44 +282,55 @@ def test_numba_products_take_the_panel_product_from_its_rows(monkeypatch, regist
     assert sorted(products.panels.packed) == ([0, 1] if registers else [])
 
 
-@pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")
+PACKERS = [pytest.param("mkl", marks=pytest.mark.skipif(not cpu_linear.mkl_packing_available()[0], reason="no MKL packing here")),
+           pytest.param("onednn", marks=pytest.mark.skipif(not cpu_linear.onednn_packing_available()[0], reason="no oneDNN packing here"))]
+
+
+@pytest.mark.parametrize("kind", PACKERS)
 @pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
-def test_mkl_hands_few_rows_to_numbas_products_where_the_panel_product_applies(monkeypatch, registers):
-    """With AVX-512, up to MKL_FEW_ROWS rows go to numba's products (the panel product from its
-    rows) and MKL packs only for more rows; without, MKL multiplies every product."""
-    products, calls = products_with_panels(monkeypatch, registers, "mkl")
+def test_a_packer_hands_few_rows_to_numbas_products_where_the_panel_product_applies(monkeypatch, registers, kind):
+    """With AVX-512, up to FEW_ROWS rows go to numba's products (the panel product from its
+    rows), and MKL or oneDNN packs only for more rows; without, MKL multiplies every product and
+    oneDNN from ONEDNN_MIN_ROWS rows (BIG counts as large here). Each against the reference, and
+    the one-call step's panels are offered exactly for the rows the panel product takes."""
+    monkeypatch.setattr(cpu_linear, "ONEDNN_MIN_WEIGHT_BYTES", BIG.numel() * 4)  # oneDNN packs BIG only
+    products, calls = products_with_panels(monkeypatch, registers, kind)
+    all_rows = (1, 5, 8, 16, 24, 25, 32, 33)
     packed_for = []
-    for rows in (1, 5, 8, 16, 24, 25, 32):
+    for rows in all_rows:
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
         with products.threads():
             for i, w in enumerate((BIG, WEIGHTS[0])):
                 assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
         packed_for += list(products.packs)
-    few = [rows for rows in (1, 5, 8, 16, 24, 25, 32) if registers and rows <= cpu_linear.MKL_FEW_ROWS]
-    assert sorted(set(packed_for)) == [rows for rows in (1, 5, 8, 16, 24, 25, 32) if rows not in few]
-    paneled = [rows for rows in (1, 5, 8, 16, 24, 25, 32) if rows in few and rows >= cpu_linear.PANEL_MIN_ROWS]
-    assert calls == [-(-rows // 4) * 4 for rows in paneled for _ in range(2)]  # both weights
+        assert (products.all_panels(rows) is not None) == (registers and rows <= cpu_linear.FEW_ROWS), rows
+    few = [rows for rows in all_rows if registers and rows <= cpu_linear.FEW_ROWS]
+    own = [rows for rows in all_rows if rows not in few and (kind == "mkl" or rows >= cpu_linear.ONEDNN_MIN_ROWS)]
+    assert sorted(set(packed_for)) == own
+    # the panel product: both weights up to FEW_ROWS rows; past them oneDNN's small weight (numba's) too
+    paneled = [(rows, 2 if rows in few else 1) for rows in all_rows
+               if registers and rows >= cpu_linear.PANEL_MIN_ROWS and (rows in few or kind == "onednn")]
+    assert calls == [-(-rows // 4) * 4 for rows, weights in paneled for _ in range(weights)]
 
 
-@pytest.mark.parametrize("registers, vendor, ok", [(True, "GenuineIntel", True), (True, "AuthenticAMD", False),
-                                                   (False, "GenuineIntel", False), (True, "", False)])
-def test_the_panel_product_applies_only_where_it_was_timed(monkeypatch, registers, vendor, ok):
-    """AVX-512 on an Intel CPU; an AMD CPU with AVX-512 keeps numba's loops (and oneDNN's packs),
-    and says why; so does a CPU without AVX-512."""
+@pytest.mark.parametrize("registers, vendor", [(True, "GenuineIntel"), (True, "AuthenticAMD"), (True, ""),
+                                               (False, "GenuineIntel"), (False, "AuthenticAMD")])
+def test_the_panel_product_applies_wherever_there_is_avx512(monkeypatch, registers, vendor):
+    """AVX-512's registers, whoever made the CPU (timed on an Intel Xeon and an AMD EPYC); without
+    them numba's loops, saying why."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: registers)
     monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: vendor)
     available, why = cpu_linear.Panels.available()
-    assert available == ok and (why == "") == ok
-    assert ok or ("AVX-512" in why if not registers else "timed on Intel's only" in why), why
+    assert available == registers and (why == "") == registers
+    assert registers or "AVX-512" in why, why
     products = cpu_linear.prepare(WEIGHTS, "numba")
-    assert products.panels.enabled == ok and ("panel product" in products.reason) == ok
+    assert products.panels.enabled == registers and ("panel product" in products.reason) == registers
 
 
 def test_panel_copies_that_do_not_fit_are_never_made(monkeypatch):
     """Predicted against free memory before the first copy: too big, and the panel product is off
     for good, saying why, and the products stay right."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)
-    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
     monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 1000)
     calls = spy_panels(monkeypatch)
     products = cpu_linear.prepare(WEIGHTS, "numba")
@@ -343,6 +353,7 @@ def test_mkl_keeps_the_packs_of_the_last_batch_sizes(monkeypatch):
 def test_onednn_packs_only_from_its_row_count_and_keeps_the_last(monkeypatch):
     """oneDNN packs a weight of ONEDNN_MIN_WEIGHT_BYTES or more for ONEDNN_MIN_ROWS rows or more;
     numba multiplies the rest, and its product equals oneDNN's."""
+    monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: False)  # oneDNN for its rows, not the panels
     monkeypatch.setattr(cpu_linear, "ONEDNN_MIN_WEIGHT_BYTES", WEIGHTS[0].numel() * 4)  # the first only
     products = cpu_linear.prepare(WEIGHTS, "onednn")
     products(0, np.ones((cpu_linear.ONEDNN_MIN_ROWS - 1, 96), np.float32))  # numba's: nothing packed

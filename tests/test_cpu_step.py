@@ -76,7 +76,8 @@ def run_steps(model, batch, steps=3):
 
 
 def with_panels(monkeypatch):
-    """The panel product on (AVX-512 and Intel's CPU pretended where missing: it is right anywhere)."""
+    """The panel product on (AVX-512 pretended where missing: it is right anywhere), and Intel's
+    CPU pretended, so MKL's kind can run where torch has MKL."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)
     monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")
 
@@ -87,7 +88,7 @@ def bits(t):
 
 @pytest.mark.parametrize("cache_dtype", STORED)
 @pytest.mark.parametrize("spec, batch", [(TINY, 1), (TINY, 3), (TINY, 5), (TINY, 16), (CPU_SHAPED, 2), (CPU_SHAPED, 13)])
-@pytest.mark.parametrize("linear", ["numba", "mkl"])
+@pytest.mark.parametrize("linear", ["numba", "mkl", "onednn"])
 def test_one_call_step_equals_the_call_by_call_step_bit_for_bit(cache_dtype, spec, batch, linear, monkeypatch):
     """The same model and tokens through `cpu_step` and through `CpuDecode`'s separate calls
     (`clock.CALL_BY_CALL`): three steps' logits and every cache byte (and int8's scales) equal,
@@ -96,6 +97,8 @@ def test_one_call_step_equals_the_call_by_call_step_bit_for_bit(cache_dtype, spe
     with_panels(monkeypatch)
     if linear == "mkl" and not cpu_linear.mkl_packing_available()[0]:
         pytest.skip("no MKL packing here")
+    if linear == "onednn" and not cpu_linear.onednn_packing_available()[0]:
+        pytest.skip("no oneDNN packing here")
     calls = []
     real = cpu_step.run_step
     monkeypatch.setattr(cpu_step, "run_step", lambda *args: (calls.append(args[-1]), real(*args))[1])
@@ -118,7 +121,7 @@ def test_one_call_step_equals_the_call_by_call_step_bit_for_bit(cache_dtype, spe
 
 
 @pytest.mark.parametrize("why", ["mixed lengths", "breakdown clock", "numpy attention", "no panel product",
-                                 "MKL's own rows", "outputs past whole panels"])
+                                 "MKL's own rows", "oneDNN's own rows", "outputs past whole panels"])
 def test_the_call_by_call_step_runs_where_one_call_does_not_apply(why, monkeypatch):
     """Mixed lengths (continuous batching), a breakdown's clock, numpy's attention, products that
     are not the panel product, and batches MKL multiplies itself keep the separate calls."""
@@ -127,13 +130,16 @@ def test_the_call_by_call_step_runs_where_one_call_does_not_apply(why, monkeypat
         monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: False)
     calls = []
     monkeypatch.setattr(cpu_step, "run_step", lambda *args: calls.append(args))
-    batch = cpu_linear.MKL_FEW_ROWS + 4 if why == "MKL's own rows" else 3
+    batch = cpu_linear.FEW_ROWS + 4 if why in ("MKL's own rows", "oneDNN's own rows") else 3
     if why == "MKL's own rows" and not cpu_linear.mkl_packing_available()[0]:
         pytest.skip("no MKL packing here")
+    if why == "oneDNN's own rows" and not cpu_linear.onednn_packing_available()[0]:
+        pytest.skip("no oneDNN packing here")
     # hidden size 72 (4.5 panels of 16): the separate calls slice the padded outputs, the one call does not
     model = build(dataclasses.replace(TINY, hidden_size=72) if why == "outputs past whole panels" else TINY,
                   batch, "fp32")
-    model.decode_path = cpu_decode.CpuDecode(model, linear="mkl" if why == "MKL's own rows" else "numba",
+    linear = {"MKL's own rows": "mkl", "oneDNN's own rows": "onednn"}.get(why, "numba")
+    model.decode_path = cpu_decode.CpuDecode(model, linear=linear,
                                              attention="numpy" if why == "numpy attention" else "numba")
     if why == "mixed lengths":
         model.prefill_slot(0, torch.arange(4))

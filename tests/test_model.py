@@ -240,15 +240,17 @@ def test_cpu_decode_step_equals_the_torch_step(linear, attention, cache_dtype, b
 
 
 @pytest.mark.skipif(not NUMBA, reason="no numba")
-@pytest.mark.parametrize("linear", [pytest.param("mkl", marks=pytest.mark.skipif(not MKL, reason="no MKL packing")), "numba"])
+@pytest.mark.parametrize("linear", [pytest.param("mkl", marks=pytest.mark.skipif(not MKL, reason="no MKL packing")),
+                                    pytest.param("onednn", marks=pytest.mark.skipif(not ONEDNN, reason="no oneDNN packing")),
+                                    "numba"])
 @pytest.mark.parametrize("cache_dtype", ("fp32", "bf16", "int8"))
 @pytest.mark.parametrize("batch", [1, 3, 4, 13, 24, 32])
 def test_cpu_decode_step_with_the_panel_product_equals_the_torch_step(linear, cache_dtype, batch, monkeypatch):
     """The panel product (AVX-512 pretended where it is missing: the kernel is right without it)
-    in the step: numba's products take it from PANEL_MIN_ROWS rows, MKL's kind hands its few rows
-    to them. Three steps against the torch step."""
+    in the step: numba's products take it from PANEL_MIN_ROWS rows, MKL's and oneDNN's kinds hand
+    their few rows to them. Three steps against the torch step."""
     monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: True)
-    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # where the panel product is timed
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: "GenuineIntel")  # MKL's kind runs where torch has MKL
     fast, plain = (Llama(TINY, batch=batch, max_tokens=48, cache_dtype=cache_dtype, device="cpu", seed=4)
                    for _ in range(2))
     fast.decode_path = cpu_decode.CpuDecode(fast, linear=linear, attention="numba")
@@ -262,7 +264,7 @@ def test_cpu_decode_step_with_the_panel_product_equals_the_torch_step(linear, ca
     products = fast.decode_path.products
     panels = (products if linear == "numba" else products.few).panels
     want = list(range(4 * TINY.n_layers + 1)) if batch >= cpu_linear.PANEL_MIN_ROWS else []
-    if linear == "mkl" and batch > cpu_linear.MKL_FEW_ROWS:
+    if linear == "mkl" and batch > cpu_linear.FEW_ROWS:
         want = []  # MKL's own
     assert sorted(panels.packed) == want
 
