@@ -3,9 +3,10 @@
     ops = choose_ops(None, torch.device("cpu"))   # TorchOps on the CPU, TritonOps on CUDA
     ops.linear(x, w); ops.prefill_attention(q, k, v); ops.decode_attention(q, cache, layer, ...)
 
-`TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`) or, for many rows
-on an Intel CPU, torch's MKL (`linear`), torch's SDPA for
-prefill and for decode over a float cache, and a chunked online-softmax decode attention over an
+`TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`) or, for many rows,
+torch's MKL on an Intel CPU and oneDNN's linear on an AMD one (`linear`), torch's SDPA for
+prefill (on an AMD CPU blocks of queries through oneDNN's linear: `cpu_prefill_attention`) and
+for decode over a float cache, and a chunked online-softmax decode attention over an
 int8/fp8 cache, which upcasts a chunk at a time so the temporaries stay in the CPU caches and
 the memory traffic stays about the compact cache's bytes. `TritonOps` is the CUDA path (and
 the Triton interpreter in tests): the lab's kernels in kernels/, where Triton is installed
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from . import backend, cpu_info
 from .cpu_blas import blas_matmul
+from .cpu_prefill_attention import blocked_prefill_attention, sdpa_prefill_attention
 from .errors import LabError
 
 # The int8/fp8 decode attention's fp32 temporaries per chunk: small enough to stay in L2/L3
@@ -46,6 +48,28 @@ def mkl_for_many_rows() -> bool:
     return torch.backends.mkl.is_available() and cpu_info.cpu_vendor() == "GenuineIntel"
 
 
+# ... and on an AMD CPU with the same rows, oneDNN's linear (in torch too): on an AMD CPU torch's MKL
+# runs its AVX2 kernels, and numpy's OpenBLAS picks its kernels by CPU and by OPENBLAS_CORETYPE (a
+# machine may set it to an older set for safety). oneDNN chose AVX-512 there. 2-core EPYC VM (Zen 5,
+# cpu family 26), fp32, fastest of 10, lab-cpu's prefill products (1,024 and 4,096 rows, K = 256 or
+# 768): oneDNN 406-449 GFLOP/s, torch's MKL 184-190, OpenBLAS with its AVX2 kernels ("Haswell", as
+# that machine set) 210-224, with its AVX-512 ones ("SkylakeX", its own choice) 364-438.
+@functools.lru_cache(maxsize=1)
+def onednn_for_many_rows() -> bool:
+    """Whether `TorchOps.linear` multiplies many-row fp32 products with oneDNN's linear: an AMD
+    CPU (where it was timed; ARM's keep OpenBLAS) and a torch whose oneDNN linear gives a trial
+    product right."""
+    if cpu_info.cpu_vendor() != "AuthenticAMD" or not torch.backends.mkldnn.is_available():
+        return False
+    try:  # a trial: the op can exist in a build (ARM, macOS) and still fail
+        w = torch.randn(24, 40, generator=torch.Generator().manual_seed(0)).t().contiguous().t()  # [out, in] view
+        x = torch.randn(MKL_MIN_ROWS, 40, generator=torch.Generator().manual_seed(1))
+        got = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    except (AttributeError, RuntimeError):
+        return False
+    return bool(torch.allclose(got, x @ w.T, rtol=1e-4, atol=1e-4))
+
+
 class TorchOps:
     """CPU path: numpy's BLAS for fp32 linears, SDPA for prefill, decode attention per cache dtype."""
 
@@ -61,21 +85,22 @@ class TorchOps:
         (prefill) runs on torch's MKL, which is faster there (see `MKL_MIN_ROWS`)."""
         wt = w.t()  # [in, out], a view
         if x.dtype == torch.float32 and x.device.type == "cpu" and wt.is_contiguous():
-            if x.numel() >= MKL_MIN_ROWS * x.shape[-1] and mkl_for_many_rows():
+            many = x.numel() >= MKL_MIN_ROWS * x.shape[-1]
+            if many and mkl_for_many_rows():
                 return F.linear(x, w)
             rows = x.reshape(-1, x.shape[-1]).contiguous()
+            if many and onednn_for_many_rows():
+                return torch.ops.mkldnn._linear_pointwise(rows, w, None, "none", [], "").view(*x.shape[:-1], w.shape[0])
             return torch.from_numpy(blas_matmul(rows.numpy(), wt.numpy())).view(*x.shape[:-1], w.shape[0])
         return F.linear(x, w)
 
     @staticmethod
     def prefill_attention(q, k, v):
-        """q [B, H, P, dh] are the last P of S positions; k, v [B, Hkv, S, dh]."""
-        P, S = q.shape[2], k.shape[2]
-        if P == S:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        # Chunked prefill: query i sits at position S - P + i. SDPA's is_causal aligns top-left.
-        visible = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - P, S, device=q.device)[:, None]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+        """q [B, H, P, dh] are the last P of S positions; k, v [B, Hkv, S, dh]. torch's SDPA, or
+        in fp32 on an AMD CPU blocks of queries through oneDNN's linear (`cpu_prefill_attention`)."""
+        if q.dtype == torch.float32 and q.device.type == "cpu" and onednn_for_many_rows():
+            return blocked_prefill_attention(q, k, v)
+        return sdpa_prefill_attention(q, k, v)
 
     @staticmethod
     def decode_attention(q, cache, layer, lengths, max_length, mixed):

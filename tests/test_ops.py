@@ -26,17 +26,38 @@ def spy_blas(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("intel", [True, False], ids=["intel", "other"])
+ONEDNN = torch.backends.mkldnn.is_available()
+
+
+@pytest.mark.parametrize("vendor", ["intel", pytest.param("amd", marks=pytest.mark.skipif(not ONEDNN, reason="no oneDNN")),
+                                    "other"])
 @pytest.mark.parametrize("shape", [(1, 5, 256), (1, ops.MKL_MIN_ROWS - 1, 96), (1, ops.MKL_MIN_ROWS, 96), (2, 300, 256)])
-def test_products_are_right_and_go_where_the_rows_and_the_vendor_say(monkeypatch, intel, shape):
-    monkeypatch.setattr(ops, "mkl_for_many_rows", lambda: intel)
+def test_products_are_right_and_go_where_the_rows_and_the_vendor_say(monkeypatch, vendor, shape):
+    """Many rows: MKL on an Intel CPU, oneDNN's linear on an AMD one, OpenBLAS elsewhere; few rows
+    OpenBLAS everywhere."""
+    monkeypatch.setattr(ops, "mkl_for_many_rows", lambda: vendor == "intel")
+    monkeypatch.setattr(ops, "onednn_for_many_rows", lambda: vendor == "amd")
     calls = spy_blas(monkeypatch)
     x, w = torch.randn(shape), weight(384, shape[-1])
     got = ops.TorchOps.linear(x, w)
     want = (x.double() @ w.double().T).float()
     torch.testing.assert_close(got, want, **TOL)
     many = x.numel() // x.shape[-1] >= ops.MKL_MIN_ROWS
-    assert (calls == []) == (intel and many), f"rows {x.numel() // x.shape[-1]}, intel {intel}: BLAS calls {calls}"
+    assert (calls == []) == (vendor != "other" and many), f"rows {x.numel() // x.shape[-1]}, {vendor}: BLAS calls {calls}"
+
+
+@pytest.mark.parametrize("vendor, want", [("GenuineIntel", False), ("AuthenticAMD", True), ("", False)])
+def test_onednn_takes_many_rows_only_on_an_amd_cpu_with_a_torch_whose_onednn_works(monkeypatch, vendor, want):
+    monkeypatch.setattr(cpu_info, "cpu_vendor", lambda: vendor)
+    ops.onednn_for_many_rows.cache_clear()
+    try:
+        assert ops.onednn_for_many_rows() == (want and ONEDNN)
+        ops.onednn_for_many_rows.cache_clear()
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: (_ for _ in ()).throw(RuntimeError("no")),
+                            raising=False)
+        assert not ops.onednn_for_many_rows()  # a build whose op fails keeps OpenBLAS
+    finally:
+        ops.onednn_for_many_rows.cache_clear()
 
 
 @pytest.mark.parametrize("vendor, want", [("GenuineIntel", True), ("AuthenticAMD", False), ("", False)])
