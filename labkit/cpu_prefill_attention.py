@@ -11,9 +11,12 @@ order a plain softmax takes (SDPA's online softmax rounds differently: ~5e-7 apa
 against `sdpa_prefill_attention`, the CPU path's prefill attention everywhere else).
 
 Measured on a 2-core AMD EPYC VM (Zen 5, cpu family 26), lab-cpu's shapes (4 heads, 2 KV heads,
-dh = 64), one layer, fastest of 5: P = 1,024 3.4 ms against SDPA's 4.7-5.0, P = 2,048 10.5-11.1
-against 15.5-16.2, P = 4,096 37.4-39.9 against 58.0-58.7 (blocks of 256 queries; 96: 43.7, 512:
-70.9, 1,024: 101.7 at P = 4,096, where each block's scores no longer stay in the caches).
+dh = 64, q, k and v strided as the model passes them), one layer, fastest of 3 in each of 5
+interleaved rounds, medians: P = 1,024 3.8 ms against SDPA's 4.8, P = 4,096 38.4 (36.7-39.7)
+against 57.3. Blocks of 256 queries: 3.6 and 66.2 ms (an earlier hour, contiguous inputs: 38-40
+at P = 4,096); 512 and 1,024: 71 and 102 ms. A block's scores ([128 x 2, up to 4,096] fp32, 4
+MiB) must stay in the caches the machine's neighbours share. Each block's per-call work made once
+a call (the scaled queries' layout, the mask): 38.4 against 40.0 ms at P = 4,096.
 
 Shapes: q [B, H, P, dh], the last P of S positions; k, v [B, Hkv, S, dh]; out [B, H, P, dh] fp32.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-BLOCK_QUERIES = 256
+BLOCK_QUERIES = 128
 
 
 def blocked_prefill_attention(q, k, v, block: int = BLOCK_QUERIES):
@@ -31,8 +34,15 @@ def blocked_prefill_attention(q, k, v, block: int = BLOCK_QUERIES):
     B, H, P, dh = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     group, offset = H // Hkv, S - P
-    out = torch.empty_like(q)
     linear = torch.ops.mkldnn._linear_pointwise
+    # Made once a call, as each block's Python and small torch calls (~10-30 us each) are a large
+    # part of a short prefill's attention: the queries scaled (there, not on the scores: group x dh
+    # values a query, not seen) and laid out [B, Hkv, P, group, dh], so a block's rows (query,
+    # head) are one contiguous run; the causal mask, query i seeing keys up to its own.
+    queries = torch.empty(B, Hkv, P, group, dh, dtype=q.dtype)
+    torch.mul(q.reshape(B, Hkv, group, P, dh).permute(0, 1, 3, 2, 4), dh ** -0.5, out=queries)
+    out = torch.empty_like(queries)
+    above = torch.ones(block, block, dtype=torch.bool).triu_(1)[:, None, :]  # [query, head (broadcast), key]
     for b in range(B):
         for h in range(Hkv):
             # [S, dh], rows adjacent: the model's k and v are views with other strides, which
@@ -41,15 +51,13 @@ def blocked_prefill_attention(q, k, v, block: int = BLOCK_QUERIES):
             for first in range(0, P, block):
                 stop = min(P, first + block)
                 rows, seen = stop - first, offset + stop  # queries in the block; keys they can see
-                queries = q[b, h * group:(h + 1) * group, first:stop].reshape(group * rows, dh)
-                scores = linear(queries, keys[:seen], None, "none", [], "").view(group, rows, seen)
-                above = torch.ones(rows, rows, dtype=torch.bool).triu_(1)  # query i sees keys up to its own
-                scores[:, :, offset + first:seen].masked_fill_(above, float("-inf"))
-                weights = torch.softmax(scores.mul_(dh ** -0.5), dim=-1).view(group * rows, seen)
+                scores = linear(queries[b, h, first:stop].view(rows * group, dh), keys[:seen], None, "none", [], "")
+                scores = scores.view(rows, group, seen)
+                scores[:, :, offset + first:seen].masked_fill_(above[:rows, :, :rows], float("-inf"))
+                weights = torch.softmax(scores, dim=-1).view(rows * group, seen)
                 # values[:seen].t() is a [dh, seen] view: oneDNN's linear takes it as the weight
-                attended = linear(weights, values[:seen].t(), None, "none", [], "")  # [group * rows, dh]
-                out[b, h * group:(h + 1) * group, first:stop] = attended.view(group, rows, dh)
-    return out
+                out[b, h, first:stop] = linear(weights, values[:seen].t(), None, "none", [], "").view(rows, group, dh)
+    return out.permute(0, 1, 3, 2, 4).reshape(B, H, P, dh)  # [B, Hkv, group, P, dh] is [B, H, P, dh]
 
 
 def sdpa_prefill_attention(q, k, v):
