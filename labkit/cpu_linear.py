@@ -17,8 +17,8 @@ ways to do that are tried in this order, the first that applies is used:
            (`torch.ops.mkldnn._reorder_linear_weight`, packed once per batch size as MKL's) from there up, where
            the head turns compute-bound and oneDNN's tiles reach 163 GFLOP/s at B = 16 against the
            numba tile's 91 (2-core EPYC, Zen 3: 2.48 ms against 4.4 ms for the 49,152 x 256 head);
-           with AVX-512, up to `FEW_ROWS` rows numba's products with the panel product instead,
-           as the "mkl" kind (`FEW_ROWS` says what that gained on a Zen 5);
+           with AVX-512, up to `ONEDNN_FEW_ROWS` rows numba's products with the panel product
+           instead, as the "mkl" kind (`ONEDNN_FEW_ROWS` says what that gained on a Zen 5);
   "numba"  everywhere numba installs (x86, ARM): `cpu_kernels.linear_columns` over a contiguous
            [out, in] copy of each weight, the loop chosen by the number of rows, and a weight that
            streams from memory (the LM head) for 4-11 rows by `cpu_kernels.tile_2x4_linear`,
@@ -106,15 +106,19 @@ PANEL_MIN_ROWS = 1
 # 28 -> 32 once the panel product's step ran as one call (`cpu_step`; 5 rounds alternating in one
 # process): B = 32 at S = 1,024 10.1-10.8 ms against MKL's 10.4-11.2, at S = 256 5.3-6.2 against
 # 5.7-6.8; at 36 rows no faster (11.3-12.4 against 11.3-11.9), so MKL keeps those.
-# The same on an AMD CPU with AVX-512 for the "onednn" kind: 2-core EPYC VM (Zen 5, cpu family 26),
-# lab-cpu's 49,152 x 256 head alone, fastest of 30, panel product against oneDNN's packed weight:
-# 8 rows 1.12 against 1.60 ms, 16 0.94 against 1.39, 32 1.92 against 2.17, 64 4.10 against 3.70,
-# 128 7.76 against 7.05; whole steps (`sweeps.measure_decode`, 3 alternating processes, ranges),
-# with the panel product and the one-call step against numba's loops and oneDNN's packs: at
-# S = 1,024 B = 1 1.32-1.69 against 1.65-1.86 ms, 4 1.61-2.04 against 2.83-3.30, 16 3.30-4.35
-# against 4.27-6.30, 32 6.59-6.97 against 7.20-8.00; B = 16, S = 4,096 fp32 8.7-10.9 against
-# 9.2-10.6, bf16 5.1-5.3 against 6.5-7.0, int8 3.4-4.8 against 4.6-5.9.
 FEW_ROWS = 32
+# The same on an AMD CPU with AVX-512 for the "onednn" kind, up to 64 rows (the CPU lab's largest
+# batch): 2-core EPYC VM (Zen 5, cpu family 26), lab-cpu's 49,152 x 256 head alone, fastest of 30,
+# panel product against oneDNN's packed weight: 8 rows 1.12 against 1.60 ms, 16 0.94 against 1.39,
+# 32 1.92 against 2.17, 64 4.10 against 3.70, 128 7.76 against 7.05; whole steps
+# (`sweeps.measure_decode`, 3 alternating processes, ranges), with the panel product and the
+# one-call step against numba's loops and oneDNN's packs: at S = 1,024 B = 1 1.32-1.69 against
+# 1.65-1.86 ms, 4 1.61-2.04 against 2.83-3.30, 16 3.30-4.35 against 4.27-6.30, 32 6.59-6.97 against
+# 7.20-8.00; B = 16, S = 4,096 fp32 8.7-10.9 against 9.2-10.6, bf16 5.1-5.3 against 6.5-7.0, int8
+# 3.4-4.8 against 4.6-5.9. In the step the panel product kept its lead to 64 rows, where the head
+# alone had lost it (at S = 256, handing over up to 64 rows against up to 32): B = 48 6.34-7.12
+# against 7.23-7.52 ms, 64 8.75-8.96 against 8.95-9.31, 32 as fast (4.24-4.79 against 4.35-4.83).
+ONEDNN_FEW_ROWS = 64
 
 
 def mkl_packing_available() -> tuple[bool, str]:
@@ -255,12 +259,13 @@ class MklProducts:
     lead there, and a step is then flagged or spread as `timing` sees it."""
 
     name = "mkl"
+    few_rows = FEW_ROWS  # up to this many rows numba's panel product, where it applies
 
     def __init__(self, weights, reason):
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
-        # up to FEW_ROWS rows: numba's products with the panel product, where that applies
+        # up to `few_rows` rows: numba's products with the panel product, where that applies
         self.few = NumbaProducts(weights, reason) if Panels.available()[0] else None
-        self.reason = reason + (f"; up to {FEW_ROWS} rows numba's products with the panel product (AVX-512)"
+        self.reason = reason + (f"; up to {self.few_rows} rows numba's products with the panel product (AVX-512)"
                                 if self.few else "")
         self.packs = PacksByRows(self._pack)  # batch size -> per weight its pack
 
@@ -279,13 +284,13 @@ class MklProducts:
 
     def all_panels(self, rows: int) -> tuple | None:
         """Every weight's panels where every product at `rows` rows is the panel product, else None."""
-        if not self.panels_enabled or rows > FEW_ROWS:
+        if not self.panels_enabled or rows > self.few_rows:
             return None
         return self.few.all_panels(rows)
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if rows <= FEW_ROWS and self.panels_enabled:
+        if rows <= self.few_rows and self.panels_enabled:
             return self.few(i, x)
         packed, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkl._mkl_linear(xt, packed, self.weights[i], None, rows).numpy()
@@ -306,7 +311,7 @@ class Panels:
     @staticmethod
     def available() -> tuple[bool, str]:
         """(does the panel product apply here?, why not): AVX-512's registers (timed on an Intel
-        Xeon, Emerald Rapids, and an AMD EPYC, Zen 5: `FEW_ROWS`)."""
+        Xeon, Emerald Rapids, and an AMD EPYC, Zen 5: `FEW_ROWS`, `ONEDNN_FEW_ROWS`)."""
         if not cpu_kernels.panels_in_registers():
             return False, "no AVX-512" if cpu_kernels.AVAILABLE else "numba is not installed"
         return True, ""
@@ -425,15 +430,16 @@ class OneDnnProducts:
     ms), and with one other busy process 11.0 ms (numba's: 15.3 ms). Splitting the head into
     per-thread blocks on the lab's Python pool was slower idle (9.6 ms) and no better busy.
 
-    With AVX-512 (`Panels.available`), up to `FEW_ROWS` rows go to numba's products with the panel
-    product instead, as `MklProducts` hands them: the whole step is then one numba call (`cpu_step`)."""
+    With AVX-512 (`Panels.available`), up to `ONEDNN_FEW_ROWS` rows go to numba's products with the
+    panel product instead, as `MklProducts` hands them: the whole step is then one numba call (`cpu_step`)."""
 
     name = "onednn"
+    few_rows = ONEDNN_FEW_ROWS  # up to this many rows numba's panel product, where it applies
 
     def __init__(self, weights, reason):
         self.few = NumbaProducts(weights, reason)
         self.weights = [torch.from_numpy(w) for w in self.few.weights]  # [out, in], contiguous
-        self.reason = reason + (f"; up to {FEW_ROWS} rows numba's products with the panel product (AVX-512)"
+        self.reason = reason + (f"; up to {self.few_rows} rows numba's products with the panel product (AVX-512)"
                                 if self.few.panels_enabled else "")
         self.packed = [packed(self.name, w.nbytes) for w in self.few.weights]  # per product: by oneDNN?
         self.packs = PacksByRows(self._pack)  # batch size -> packed weight per product (None: numba's)
@@ -445,7 +451,7 @@ class OneDnnProducts:
 
     def all_panels(self, rows: int) -> tuple | None:
         """Every weight's panels where every product at `rows` rows is the panel product, else None."""
-        return self.few.all_panels(rows) if rows <= FEW_ROWS else None
+        return self.few.all_panels(rows) if rows <= self.few_rows else None
 
     def threads(self):
         """A context for the step's products: torch (oneDNN) on every core, numba's on its own pool."""
@@ -458,7 +464,7 @@ class OneDnnProducts:
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if rows < ONEDNN_MIN_ROWS or not self.packed[i] or (rows <= FEW_ROWS and self.panels_enabled):
+        if rows < ONEDNN_MIN_ROWS or not self.packed[i] or (rows <= self.few_rows and self.panels_enabled):
             return self.few(i, x)
         xt = torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkldnn._linear_pointwise(xt, self.packs[rows][i], None, "none", [], "").numpy()

@@ -289,13 +289,13 @@ PACKERS = [pytest.param("mkl", marks=pytest.mark.skipif(not cpu_linear.mkl_packi
 @pytest.mark.parametrize("kind", PACKERS)
 @pytest.mark.parametrize("registers", [True, False], ids=["avx512", "no avx512"])
 def test_a_packer_hands_few_rows_to_numbas_products_where_the_panel_product_applies(monkeypatch, registers, kind):
-    """With AVX-512, up to FEW_ROWS rows go to numba's products (the panel product from its
+    """With AVX-512, up to FEW_ROWS (MKL) or ONEDNN_FEW_ROWS rows go to numba's products (the panel product from its
     rows), and MKL or oneDNN packs only for more rows; without, MKL multiplies every product and
     oneDNN from ONEDNN_MIN_ROWS rows (BIG counts as large here). Each against the reference, and
     the one-call step's panels are offered exactly for the rows the panel product takes."""
     monkeypatch.setattr(cpu_linear, "ONEDNN_MIN_WEIGHT_BYTES", BIG.numel() * 4)  # oneDNN packs BIG only
     products, calls = products_with_panels(monkeypatch, registers, kind)
-    all_rows = (1, 5, 8, 16, 24, 25, 32, 33)
+    all_rows = (1, 5, 8, 16, 24, 25, 32, 33, 64, 65)
     packed_for = []
     for rows in all_rows:
         x = rng(rows).standard_normal((rows, 96), dtype=np.float32)
@@ -303,11 +303,11 @@ def test_a_packer_hands_few_rows_to_numbas_products_where_the_panel_product_appl
             for i, w in enumerate((BIG, WEIGHTS[0])):
                 assert_close(products(i, x), cpu_kernels.few_rows_linear_reference(x, w.numpy()), f"weight {i}, {rows} rows")
         packed_for += list(products.packs)
-        assert (products.all_panels(rows) is not None) == (registers and rows <= cpu_linear.FEW_ROWS), rows
-    few = [rows for rows in all_rows if registers and rows <= cpu_linear.FEW_ROWS]
+        assert (products.all_panels(rows) is not None) == (registers and rows <= products.few_rows), rows
+    few = [rows for rows in all_rows if registers and rows <= products.few_rows]
     own = [rows for rows in all_rows if rows not in few and (kind == "mkl" or rows >= cpu_linear.ONEDNN_MIN_ROWS)]
     assert sorted(set(packed_for)) == own
-    # the panel product: both weights up to FEW_ROWS rows; past them oneDNN's small weight (numba's) too
+    # the panel product: both weights up to `few_rows` rows; past them oneDNN's small weight (numba's) too
     paneled = [(rows, 2 if rows in few else 1) for rows in all_rows
                if registers and rows >= cpu_linear.PANEL_MIN_ROWS and (rows in few or kind == "onednn")]
     assert calls == [-(-rows // 4) * 4 for rows, weights in paneled for _ in range(weights)]

@@ -130,7 +130,7 @@ def test_the_call_by_call_step_runs_where_one_call_does_not_apply(why, monkeypat
         monkeypatch.setattr(cpu_kernels, "panels_in_registers", lambda: False)
     calls = []
     monkeypatch.setattr(cpu_step, "run_step", lambda *args: calls.append(args))
-    batch = cpu_linear.FEW_ROWS + 4 if why in ("MKL's own rows", "oneDNN's own rows") else 3
+    batch = {"MKL's own rows": cpu_linear.FEW_ROWS + 4, "oneDNN's own rows": cpu_linear.ONEDNN_FEW_ROWS + 4}.get(why, 3)
     if why == "MKL's own rows" and not cpu_linear.mkl_packing_available()[0]:
         pytest.skip("no MKL packing here")
     if why == "oneDNN's own rows" and not cpu_linear.onednn_packing_available()[0]:
