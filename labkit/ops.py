@@ -32,12 +32,13 @@ from .errors import LabError
 # (chunks of tens of MiB spill to memory and ran several times slower).
 DECODE_CHUNK_BYTES = 2 << 20
 # From this many rows (a prefill, a chunk of one) an fp32 product on an Intel CPU goes to torch's own
-# BLAS, MKL, the library the calibration's matmul peak is measured with. On the lab's 2-core Xeon
+# BLAS, MKL, one of the two the calibration's fp32 peak is measured with. On the lab's 2-core Xeon
 # (Emerald Rapids) VM it multiplied lab-cpu's four layer products faster than numpy's OpenBLAS at
 # every row count from 16 up: 64 rows 0.37 against 0.51 ms, 1,024 rows 5.0 against 6.0 ms; prefill
 # P = 2,048 took 109-118 ms against 125-143 (alternating processes). Fewer rows (a decode step
-# outside `cpu_decode`) keep OpenBLAS's column blocks for a large weight (`cpu_blas`), and other
-# CPUs keep OpenBLAS for all: torch's MKL streamed decode-shaped products slowly on the lab's AMD CPUs.
+# outside `cpu_decode`) keep OpenBLAS's column blocks for a large weight (`cpu_blas`); an AMD CPU
+# multiplies many rows by oneDNN's linear (below), others keep OpenBLAS for all: torch's MKL streamed
+# decode-shaped products slowly on the lab's AMD CPUs.
 MKL_MIN_ROWS = 32
 
 

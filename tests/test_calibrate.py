@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import torch
 
-from labkit import backend, calibrate, cpu_info, recordings
+from labkit import backend, calibrate, cpu_info, measure, recordings
 from labkit.calibrate import Plan
 from labkit.specs import HardwareSpec
 
@@ -312,6 +312,8 @@ def test_describe_summarises_for_a_notebook():
     assert text.splitlines()[0].startswith(spec.name)
     assert "bandwidth roof" in text and "DRAM" in text and "ridge point (fp32" in text
     assert "caches as the OS reports them" in text
+    # the CPU's fp32 peak names the path that set it (`CPU_FP32_PATHS`)
+    assert f"fp32 {measure.format_rate(spec.fp32_flops_per_s, 'FLOP/s')} ({info['matmul']['fp32']['path']})" in text
     noisy = calibrate.describe(spec, {**info, "noisy": ["bandwidth at 1.0 MiB"]})
     assert noisy.splitlines()[-1] == "  noisy (the machine was busy): bandwidth at 1.0 MiB"
 
