@@ -370,9 +370,9 @@ def bandwidth_now(device, working_set_bytes: int | None = None, plan: Plan | Non
 def describe(spec: HardwareSpec, info: dict) -> str:
     """A few lines for a notebook: what was measured, where, when, the tiers and the ridge point."""
     compute_dtype = "fp32" if info.get("device") == "cpu" else "bf16"
-    paths = {d: r.get("path") for d, r in (info.get("matmul") or {}).items() if isinstance(r, dict)}
+    fp32_path = (info.get("matmul") or {}).get("fp32", {}).get("path") if info.get("device") == "cpu" else None
     peaks = ", ".join(f"{d} {format_rate(spec.peak_flops_per_s(d), 'FLOP/s')}"
-                      + (f" ({paths[d]})" if d == "fp32" and info.get("device") == "cpu" and paths.get(d) else "")
+                      + (f" ({fp32_path})" if d == "fp32" and fp32_path else "")
                       for d in _FIELD if getattr(spec, _FIELD[d]) is not None)
     ridge = roofline.ridge_point_flops_per_byte(spec, compute_dtype)
     tiers = [f"{e['from']} {format_rate(e['from_bytes_per_s'], 'B/s')} up to ~{e['bytes'] / MIB:,.0f} MiB"

@@ -241,7 +241,33 @@ class PacksByRows:
         return bool(self.kept)
 
 
-class MklProducts:
+class _HandsFewRows:
+    """What the packing kinds share: up to `few_rows` rows their products go to `few`, numba's
+    products (a `NumbaProducts`, or None), where those multiply by the panel product, so the whole
+    step can be one numba call (`cpu_step`)."""
+
+    few_rows: int
+    few: NumbaProducts | None
+
+    @property
+    def panels_enabled(self) -> bool:
+        """Whether its few rows are numba's panel product (`Panels`) here."""
+        return self.few is not None and self.few.panels_enabled
+
+    def hands_over(self, rows: int) -> bool:
+        """Whether a product of `rows` rows goes to numba's panel product."""
+        return rows <= self.few_rows and self.panels_enabled
+
+    def all_panels(self, rows: int) -> tuple | None:
+        """Every weight's panels where every product at `rows` rows is the panel product, else None."""
+        return self.few.all_panels(rows) if self.hands_over(rows) else None
+
+    def _few_reason(self) -> str:
+        """The reason's words for the rows handed over ("" where none are)."""
+        return f"; up to {self.few_rows} rows numba's products with the panel product (AVX-512)" if self.panels_enabled else ""
+
+
+class MklProducts(_HandsFewRows):
     """MKL's packed weights, packed for the batch sizes of the last steps, each product on MKL's
     own threads (torch's OpenMP pool: every core shares it).
 
@@ -265,8 +291,7 @@ class MklProducts:
         self.weights = [w.detach() for w in weights]  # [out, in] views: MKL packs from any strides
         # up to `few_rows` rows: numba's products with the panel product, where that applies
         self.few = NumbaProducts(weights, reason) if Panels.available()[0] else None
-        self.reason = reason + (f"; up to {self.few_rows} rows numba's products with the panel product (AVX-512)"
-                                if self.few else "")
+        self.reason = reason + self._few_reason()
         self.packs = PacksByRows(self._pack)  # batch size -> per weight its pack
 
     def threads(self):
@@ -277,20 +302,9 @@ class MklProducts:
         """Per weight, its pack for `rows` rows."""
         return [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in self.weights]
 
-    @property
-    def panels_enabled(self) -> bool:
-        """Whether its few rows are numba's panel product (`Panels`) here."""
-        return self.few is not None and self.few.panels.enabled
-
-    def all_panels(self, rows: int) -> tuple | None:
-        """Every weight's panels where every product at `rows` rows is the panel product, else None."""
-        if not self.panels_enabled or rows > self.few_rows:
-            return None
-        return self.few.all_panels(rows)
-
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if rows <= self.few_rows and self.panels_enabled:
+        if self.hands_over(rows):
             return self.few(i, x)
         packed, xt = self.packs[rows][i], torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkl._mkl_linear(xt, packed, self.weights[i], None, rows).numpy()
@@ -422,7 +436,7 @@ class NumbaProducts:
         return out
 
 
-class OneDnnProducts:
+class OneDnnProducts(_HandsFewRows):
     """numba's kernels for a few rows and for small weights, oneDNN's packed weights (one copy per
     weight of `ONEDNN_MIN_WEIGHT_BYTES` or more, packed for the batch sizes of the last steps as
     `MklProducts`) for `ONEDNN_MIN_ROWS` rows and more, on torch's threads. Measured on the 2-core
@@ -439,19 +453,9 @@ class OneDnnProducts:
     def __init__(self, weights, reason):
         self.few = NumbaProducts(weights, reason)
         self.weights = [torch.from_numpy(w) for w in self.few.weights]  # [out, in], contiguous
-        self.reason = reason + (f"; up to {self.few_rows} rows numba's products with the panel product (AVX-512)"
-                                if self.few.panels_enabled else "")
+        self.reason = reason + self._few_reason()
         self.packed = [packed(self.name, w.nbytes) for w in self.few.weights]  # per product: by oneDNN?
         self.packs = PacksByRows(self._pack)  # batch size -> packed weight per product (None: numba's)
-
-    @property
-    def panels_enabled(self) -> bool:
-        """Whether its few rows are numba's panel product (`Panels`) here."""
-        return self.few.panels_enabled
-
-    def all_panels(self, rows: int) -> tuple | None:
-        """Every weight's panels where every product at `rows` rows is the panel product, else None."""
-        return self.few.all_panels(rows) if rows <= self.few_rows else None
 
     def threads(self):
         """A context for the step's products: torch (oneDNN) on every core, numba's on its own pool."""
@@ -464,7 +468,7 @@ class OneDnnProducts:
 
     def __call__(self, i: int, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
-        if rows < ONEDNN_MIN_ROWS or not self.packed[i] or (rows <= self.few_rows and self.panels_enabled):
+        if rows < ONEDNN_MIN_ROWS or not self.packed[i] or self.hands_over(rows):
             return self.few(i, x)
         xt = torch.from_numpy(np.ascontiguousarray(x))
         return torch.ops.mkldnn._linear_pointwise(xt, self.packs[rows][i], None, "none", [], "").numpy()
