@@ -77,9 +77,13 @@ def test_the_recording_names_the_calibration_its_points_were_judged_by(tmp_path,
     """A fresh calibration that is noisy is not cached, so the points are judged by the cached one
     (`sweeps` asks load_or_calibrate): the recording's `calibration` is that one, and the noisy
     fresh one is kept beside it as `fresh_calibration`, marked as not used."""
-    _, first = bench.run_bench("cpu", tmp_path, "lab-tiny", STEPS[:1], rounds=1)  # a quiet one, cached
-    assert "fresh_calibration" not in first
     real = calibrate.calibrate
+    # a quiet one, cached: whether every figure of a real calibration is confirmed on a loaded test
+    # machine is luck (a neighbour's steal time during one figure flags it), and this is not its test
+    monkeypatch.setattr(calibrate, "calibrate", lambda kind, plan=None: (lambda s, i: (s, {**i, "noisy": []}))(
+        *real(kind, plan)))
+    _, first = bench.run_bench("cpu", tmp_path, "lab-tiny", STEPS[:1], rounds=1)
+    assert "fresh_calibration" not in first
 
     def noisy(kind, plan=None):
         spec, info = real(kind, plan)
