@@ -206,6 +206,11 @@ def lesson_07() -> dict[str, str]:
                "chat_decode_pct": fmt(100 * workloads.request_time_split(model, h100, "chat")["decode_share"]),
                "classification_pushed_pct": fmt(100 * workloads.request_time_split(
                    model, h100, "classification", workloads.PUSHED_BATCH)["prefill_share"])}
+    # "RAG and the agent step both send 40 prompt tokens for every token of answer": one number
+    # only while the two ratios agree.
+    for name in ("rag", "agent"):
+        w = workloads.WORKLOADS[name]
+        figures[f"{name}_prompt_per_output"] = fmt(w.prompt_tokens / w.output_tokens)
     for w in workloads.WORKLOADS.values():
         split = workloads.request_time_split(model, h100, w, workloads.CHAPTER_BATCH)
         figures.update({f"{w.name}_prompt": fmt(w.prompt_tokens), f"{w.name}_output": fmt(w.output_tokens),

@@ -12,11 +12,12 @@ import time
 
 import torch
 
-from . import backend, measure, sweeps
+from . import backend, sweeps, timing
 from .errors import LabError
 
-# Each shape is served until its fastest prefill and fastest decode are each confirmed by a second
-# run (`measure.sample_until_stable`), in about SHAPE_BUDGET_S, at most SHAPE_MAX_BUDGET_S.
+# Shapes are served in turns until every shape's fastest prefill and fastest decode are each
+# confirmed by a second run (`timing.sample_in_turns`), each shape in about SHAPE_BUDGET_S of its
+# own time, at most SHAPE_MAX_BUDGET_S.
 SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, SHAPE_MAX_RUNS = 4.0, 10.0, 30
 
 
@@ -50,33 +51,46 @@ def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int
 
 def serve_until_stable(model: str, prompt_tokens: int, output_tokens: int, batch: int = 1,
                        device: str | None = None) -> dict:
-    """`serve_request` repeated until its fastest prefill and fastest decode are confirmed
-    (a warm-up run first, untimed). A learner's browser and JupyterLab share a laptop's cores
-    with the lab, and their bursts only ever add time, so the split is computed from the
-    fastest of each phase. Keys as `serve_request`'s, plus runs, spreads and `noisy` (a phase
-    whose fastest run no second run confirmed)."""
-    last: dict = {}
-
-    def sample():
-        last.update(serve_request(model, prompt_tokens, output_tokens, batch, device))
-        return {"prefill": last["prefill_s"], "decode": last["decode_s"]}
-
-    timings = measure.sample_until_stable(sample, SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, 3, SHAPE_MAX_RUNS)
-    prefill_s, decode_s = timings["prefill"].estimate_s, timings["decode"].estimate_s
-    return {**last, "prefill_s": prefill_s, "decode_s": decode_s,
-            "prefill_share": prefill_s / (prefill_s + decode_s), "decode_share": decode_s / (prefill_s + decode_s),
-            "ttft_s": prefill_s, "itl_s": decode_s / (output_tokens - 1) if output_tokens > 1 else None,
-            "runs": len(timings["prefill"].samples_s), "prefill_spread": timings["prefill"].spread,
-            "decode_spread": timings["decode"].spread,
-            "noisy": timings["prefill"].noisy or timings["decode"].noisy}
+    """`serve_request` repeated until its fastest prefill and fastest decode are confirmed:
+    `serve_shapes` of this one shape."""
+    return serve_shapes(model, [{"prompt_tokens": prompt_tokens, "output_tokens": output_tokens}], device,
+                        batch=batch)[0]
 
 
-def serve_shapes(model: str, shapes: list[dict], device: str | None = None, progress=None) -> list[dict]:
-    """`serve_until_stable` for each shape (dicts with prompt_tokens, output_tokens, as
-    `explore.scaled_shapes` gives them); progress(done, total) after each."""
-    results = []
-    for i, shape in enumerate(shapes):
-        results.append(serve_until_stable(model, shape["prompt_tokens"], shape["output_tokens"], device=device))
+def serve_shapes(model: str, shapes: list[dict], device: str | None = None, progress=None,
+                 batch: int = 1) -> list[dict]:
+    """Serve each shape (dicts with prompt_tokens, output_tokens, as `explore.scaled_shapes`
+    gives them) until its fastest prefill and fastest decode are confirmed, the shapes in turns
+    (`timing.sample_in_turns`): one request of each shape a round, so a slow spell of the
+    machine lands on every shape alike and cannot reorder them. A learner's browser and
+    JupyterLab share a laptop's cores with the lab, and their bursts only ever add time, so each
+    split is computed from the fastest of each phase. Per shape, `serve_request`'s keys plus runs,
+    spreads and `noisy` (a phase whose fastest run no second run confirmed). progress(done,
+    total) after each round: the shapes confirmed so far."""
+    last: list[dict] = [{} for _ in shapes]
+
+    def sampler(i: int, shape: dict):
+        def sample():
+            last[i] = serve_request(model, shape["prompt_tokens"], shape["output_tokens"], batch, device)
+            return {"prefill": last[i]["prefill_s"], "decode": last[i]["decode_s"]}
+        return sample
+
+    def after_round(timings):
         if progress:
-            progress(i + 1, len(shapes))
+            progress(sum(all(t.confirmed for t in named.values()) for named in timings), len(shapes))
+
+    every = timing.sample_in_turns([sampler(i, shape) for i, shape in enumerate(shapes)],
+                                   SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, 3, SHAPE_MAX_RUNS, after_round)
+    if progress:
+        progress(len(shapes), len(shapes))
+    results = []
+    for served, timings in zip(last, every):
+        prefill_s, decode_s = timings["prefill"].estimate_s, timings["decode"].estimate_s
+        results.append({**served, "prefill_s": prefill_s, "decode_s": decode_s,
+                        "prefill_share": prefill_s / (prefill_s + decode_s),
+                        "decode_share": decode_s / (prefill_s + decode_s), "ttft_s": prefill_s,
+                        "itl_s": decode_s / (served["output_tokens"] - 1) if served["output_tokens"] > 1 else None,
+                        "runs": len(timings["prefill"].samples_s), "prefill_spread": timings["prefill"].spread,
+                        "decode_spread": timings["decode"].spread,
+                        "noisy": timings["prefill"].noisy or timings["decode"].noisy})
     return results

@@ -129,35 +129,73 @@ def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: f
 def sample_until_stable(sample: Callable[[], dict[str, float]], budget_s: float, max_budget_s: float,
                         min_samples: int = 3, max_samples: int = 50) -> dict[str, Timing]:
     """Repeat `sample()` (seconds by name, e.g. {"prefill": …, "decode": …} from one served
-    request) on a busy CPU. One untimed warm-up call (first-touch page faults, a cold cache, a
-    thread pool waking up), then calls until
-      * the fastest of every name is confirmed (`Timing.confirmed`),
-      * at least `min_samples` are in (2 for a call longer than a third of `budget_s`, so a
-        long point stays near its budget), and
-      * a quarter of `budget_s` is spent or `max_samples` are in (short calls are cheap: a
+    request) on a busy CPU: `sample_in_turns` of that one sampler."""
+    return sample_in_turns([sample], budget_s, max_budget_s, min_samples, max_samples)[0]
+
+
+def sample_in_turns(samples: list[Callable[[], dict[str, float]]], budget_s: float, max_budget_s: float,
+                    min_samples: int = 3, max_samples: int = 50,
+                    after_round: Callable[[list[dict[str, Timing]]], None] | None = None
+                    ) -> list[dict[str, Timing]]:
+    """Time several samplers in turns on a busy CPU, so things to be compared with each other
+    (six request shapes, say) are timed across the same moments: a slow spell of the machine (a
+    neighbour, the memory's rate moving, the browser drawing) lands on all of them, not on
+    whichever was being timed just then. Each sampler gets its own budget and the same rules:
+    one untimed warm-up call (first-touch page faults, a cold cache, a thread pool waking up),
+    then calls until
+      * the fastest of each of its names is confirmed (`Timing.confirmed`),
+      * at least `min_samples` are in (2 for a call longer than a third of `budget_s`, so a long
+        point stays near its budget), and
+      * a quarter of `budget_s` is spent on it or `max_samples` are in (short calls are cheap: a
         3 ms step gets dozens of tries at a quiet moment).
-    An unconfirmed run goes on until one more call would pass `max_budget_s`, and is then
-    flagged noisy. Returns a Timing with the "fastest" estimator per name."""
-    if not 0 < budget_s <= max_budget_s or min_samples < 2 or max_samples < min_samples:
-        raise LabError(f"need 0 < budget_s <= max_budget_s and 2 <= min_samples <= max_samples, got "
-                       f"{budget_s}, {max_budget_s}, {min_samples}, {max_samples}")
-    start_s = time.perf_counter()
-    sample()  # the warm-up: untimed
-    samples: dict[str, list[float]] = {}
-    for count in range(1, max_samples + 1):
-        call_s = time.perf_counter()
-        for name, seconds in sample().items():
-            samples.setdefault(name, []).append(seconds)
-        call_s = time.perf_counter() - call_s
-        timings = {name: Timing(tuple(values), estimator="fastest") for name, values in samples.items()}
-        spent_s = time.perf_counter() - start_s
-        if count < (2 if call_s > budget_s / 3 else min_samples):
-            continue
-        if all(t.confirmed for t in timings.values()) and spent_s >= budget_s / 4:
-            break
-        if spent_s + call_s > max_budget_s:
-            break  # one more call would overrun the hard limit: confirmed or not, this is the result
-    return timings
+    An unconfirmed sampler goes on until one more call would pass `max_budget_s` of its time, and
+    is then flagged noisy. A round gives every sampler about a `min_samples`-th of that quarter
+    budget (at least one call, at most a `min_samples`-th of `max_samples`), and the rounds go on
+    until every sampler is done, each one still called (up to its `max_samples` and hard limit)
+    while the others finish. `after_round(timings)` is told each round's timings (a progress
+    bar). Returns, per sampler, a Timing with the "fastest" estimator per name."""
+    if not 0 < budget_s <= max_budget_s or min_samples < 2 or max_samples < min_samples or not samples:
+        raise LabError(f"need at least one sampler, 0 < budget_s <= max_budget_s and 2 <= min_samples <= "
+                       f"max_samples, got {len(samples)}, {budget_s}, {max_budget_s}, {min_samples}, {max_samples}")
+    slice_s, slice_calls = budget_s / 4 / min_samples, max(1, max_samples // min_samples)
+    spent_s = [call_seconds(sample) for sample in samples]  # the warm-ups: untimed, but spent
+    last_s = [0.0] * len(samples)  # each sampler's latest call, wall clock
+    collected: list[dict[str, list[float]]] = [{} for _ in samples]
+
+    def count(i: int) -> int:  # calls of sampler i so far
+        return len(next(iter(collected[i].values()), []))
+
+    def enough(i: int) -> bool:  # its minimum number of calls is in
+        return count(i) >= (2 if last_s[i] > budget_s / 3 else min_samples)
+
+    def spent_out(i: int) -> bool:
+        """No more calls: max_samples are in, or one more would pass the hard limit (once the
+        minimum is in); confirmed or not, what it has then is its result."""
+        return count(i) >= max_samples or (spent_s[i] + last_s[i] > max_budget_s and enough(i))
+
+    timings: list[dict[str, Timing]] = []
+    while True:
+        for i in range(len(samples)):
+            round_s = 0.0
+            for _ in range(min(slice_calls, max_samples - count(i)) if not spent_out(i) else 0):
+                start_s = time.perf_counter()
+                for name, seconds in samples[i]().items():
+                    collected[i].setdefault(name, []).append(seconds)
+                last_s[i] = time.perf_counter() - start_s
+                spent_s[i] += last_s[i]
+                round_s += last_s[i]
+                if round_s >= slice_s or spent_s[i] + last_s[i] > max_budget_s:
+                    break
+        timings = [{name: Timing(tuple(v), estimator="fastest") for name, v in values.items()}
+                   for values in collected]
+        if after_round:
+            after_round(timings)
+        # Every sampler goes on until all are done, so each one's fastest call comes from the
+        # same stretch of time as the others'.
+        done = [spent_out(i) or (enough(i) and all(t.confirmed for t in timings[i].values())
+                                 and spent_s[i] >= budget_s / 4) for i in range(len(samples))]
+        if all(done):
+            return timings
 
 
 def call_seconds(fn) -> float:

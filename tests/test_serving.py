@@ -21,3 +21,29 @@ def test_a_one_token_answer_has_no_decode_steps():
 def test_bad_shapes_are_refused(bad):
     with pytest.raises(LabError):
         serving.serve_request(**{"model": "lab-tiny", "prompt_tokens": 8, "output_tokens": 2, **bad})
+
+
+def test_shapes_served_in_turns_share_a_slow_spell(monkeypatch):
+    """Two identical shapes, and the memory slow (decode twice as long) for the first six
+    requests: served one shape after the other, the first would be timed inside the spell and
+    confirmed there, the second after it, and their shares would differ. In turns both see the
+    spell and both see its end, so both report the same split."""
+    from labkit import timing
+    clock = {"now": 0.0, "requests": 0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["now"])
+
+    def served(model, prompt_tokens, output_tokens, batch, device):
+        decode_s = 0.1 * (2 if clock["requests"] < 6 else 1)
+        clock["requests"] += 1
+        clock["now"] += 0.1 + decode_s
+        return {"model": model, "device": "cpu", "device_name": "a CPU", "prompt_tokens": prompt_tokens,
+                "output_tokens": output_tokens, "batch": batch, "prefill_s": 0.1, "decode_s": decode_s}
+
+    monkeypatch.setattr(serving, "serve_request", served)
+    done = []
+    shape = {"prompt_tokens": 100, "output_tokens": 10}
+    first, second = serving.serve_shapes("lab-tiny", [shape, shape], "cpu", lambda d, t: done.append((d, t)))
+    assert first["decode_s"] == second["decode_s"] == pytest.approx(0.1)
+    assert first["prefill_share"] == second["prefill_share"] == pytest.approx(0.5)
+    assert not first["noisy"] and not second["noisy"] and first["itl_s"] == pytest.approx(0.1 / 9)
+    assert done[-1] == (2, 2) and all(d <= t == 2 for d, t in done)

@@ -81,6 +81,76 @@ def test_sample_until_stable_waits_for_every_name(monkeypatch):
     assert ts["decode"].samples_s == pytest.approx((1.0, 2.0, 3.0, 1.05))  # the warm-up's 9.0 is not a sample
 
 
+class Clock:
+    """A patched perf_counter that only the scripted samplers move."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: self.now)
+
+
+def test_samplers_in_turns_are_timed_across_the_same_moments(monkeypatch):
+    clock, log = Clock(monkeypatch), []
+
+    def sampler(name, seconds):
+        def sample():
+            clock.now += seconds
+            log.append(name)
+            return {"t": seconds}
+        return sample
+
+    # Budget 1.0 s: a round gives each about 0.083 s, so one call of each; three rounds (min_samples)
+    # after the two warm-ups, then both are confirmed and a quarter budget (0.25 s) is spent.
+    out = timing.sample_in_turns([sampler("a", 0.1), sampler("b", 0.1)], 1.0, 5.0)
+    assert log == ["a", "b"] * 4
+    assert [len(t["t"].samples_s) for t in out] == [3, 3] and not any(t["t"].noisy for t in out)
+
+
+def test_a_sampler_in_turns_keeps_its_own_budget_and_noisy_flag(monkeypatch):
+    clock, rounds = Clock(monkeypatch), []
+    slower = itertools.count()
+
+    def quiet():
+        clock.now += 0.1
+        return {"t": 0.1}
+
+    def busy():  # every call slower than the last: never confirmed
+        seconds = 0.1 * 1.5 ** next(slower)
+        clock.now += seconds
+        return {"t": seconds}
+
+    quiet_out, busy_out = timing.sample_in_turns([quiet, busy], 1.0, 3.0, after_round=rounds.append)
+    assert not quiet_out["t"].noisy  # done after three rounds, and still timed while the busy one goes on:
+    assert len(quiet_out["t"].samples_s) == len(busy_out["t"].samples_s) == len(rounds) > 3
+    busy_s = busy_out["t"].samples_s  # on alone up to its own limit (its warm-up took 0.1 s):
+    assert busy_out["t"].noisy and 0.1 + sum(busy_s[:-1]) + busy_s[-2] <= 3.0  # the last call was expected to fit
+    assert 0.1 + sum(busy_s) + busy_s[-1] > 3.0  # one more would not
+
+
+def test_short_calls_in_turns_take_several_a_round(monkeypatch):
+    clock, log = Clock(monkeypatch), []
+
+    def short():
+        clock.now += 0.01
+        log.append("short")
+        return {"t": 0.01}
+
+    def long():
+        clock.now += 0.5
+        log.append("long")
+        return {"t": 0.5}
+
+    short_out, long_out = timing.sample_in_turns([short, long], 1.2, 5.0, max_samples=30)
+    assert log[2:12] == ["short"] * 10 and log[12] == "long"  # a round: ~0.1 s of short calls, at most 30 / 3
+    # A long call needs two; the long one is still called while the short one finishes.
+    assert len(short_out["t"].samples_s) == 30 and len(long_out["t"].samples_s) == 3
+
+
+def test_sample_in_turns_needs_a_sampler():
+    with pytest.raises(LabError):
+        timing.sample_in_turns([], 1.0, 2.0)
+
+
 @pytest.mark.parametrize("args", [(0, 1), (2, 1), (1, 2, 1), (1, 2, 3, 2)])
 def test_sample_until_stable_refuses_nonsense_budgets(args):
     with pytest.raises(LabError):
