@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backend, roofline
+from . import backend, cpu_memory, roofline
 from .clock import OFF
 from .decode_paths import choose_decode_path
 from .dtypes import COMPUTE_DTYPES, torch_dtype
@@ -134,6 +134,8 @@ class Llama(nn.Module):
         self.compute_dtype = compute_dtype or self.backend.compute_dtype
         dtype = torch_dtype(self.compute_dtype, COMPUTE_DTYPES)
         self.ops = choose_ops(kernels, self.device)
+        if self.device.type == "cpu":  # a prefill's megabyte tensors reuse freed memory, no page faults
+            self.memory_setting = cpu_memory.keep_freed_memory()
         max_tokens = max_tokens or min(spec.max_context, 4096)
         cache_dtype = cache_dtype or self.compute_dtype
         backend.check_fits(roofline.memory_footprint_bytes(spec, batch, max_tokens, self.compute_dtype, cache_dtype),
