@@ -12,10 +12,12 @@ against `sdpa_prefill_attention`, the CPU path's prefill attention everywhere el
 
 Measured on a 2-core AMD EPYC VM (Zen 5, cpu family 26), lab-cpu's shapes (4 heads, 2 KV heads,
 dh = 64, q, k and v strided as the model passes them), one layer, fastest of 3 in each of 5
-interleaved rounds, medians: P = 1,024 3.8 ms against SDPA's 4.8, P = 4,096 38.4 (36.7-39.7)
-against 57.3. Blocks of 256 queries: 3.6 and 66.2 ms (an earlier hour, contiguous inputs: 38-40
-at P = 4,096); 512 and 1,024: 71 and 102 ms. A block's scores ([128 x 2, up to 4,096] fp32, 4
-MiB) must stay in the caches the machine's neighbours share. Each block's per-call work made once
+interleaved rounds, medians: blocks of 128 queries took 3.8 ms at P = 1,024 against SDPA's 4.8,
+and 38.4 (36.7-39.7) at P = 4,096 against 57.3. Blocks of 256 then measured 66 ms at P = 4,096:
+each block's scores and weights (8 MiB each at 256 queries) were fresh memory faulted in page by
+page. With freed memory kept for reuse (`cpu_memory`), the same rounds: blocks of 32 / 64 / 128 /
+256 / 512 / 1,024 queries 5.84 / 4.08 / 3.50-3.57 / 3.21-3.25 / 3.89 / 5.54 ms at P = 1,024 and
+57.5 / 44.5 / 37.5-39.5 / 36.3-38.2 / 39.8 / 65.1 at P = 4,096. Each block's per-call work made once
 a call (the scaled queries' layout, the mask): 38.4 against 40.0 ms at P = 4,096.
 
 Shapes: q [B, H, P, dh], the last P of S positions; k, v [B, Hkv, S, dh]; out [B, H, P, dh] fp32.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-BLOCK_QUERIES = 128
+BLOCK_QUERIES = 256
 
 
 def blocked_prefill_attention(q, k, v, block: int = BLOCK_QUERIES):
