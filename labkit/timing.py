@@ -151,8 +151,9 @@ def sample_in_turns(samples: list[Callable[[], dict[str, float]]], budget_s: flo
     An unconfirmed sampler goes on until one more call would pass `max_budget_s` of its time, and
     is then flagged noisy. A round gives every sampler about a `min_samples`-th of that quarter
     budget (at least one call, at most a `min_samples`-th of `max_samples`), and the rounds go on
-    until every sampler is done, each one still called (up to its `max_samples` and hard limit)
-    while the others finish. `after_round(timings)` is told each round's timings (a progress
+    until every sampler is done in the same round: one that is done gets one call a round while
+    the others finish (up to its `max_samples` and hard limit), and a new fastest call among those
+    puts it back to work until that is confirmed too. `after_round(timings)` is told each round's timings (a progress
     bar). Returns, per sampler, a Timing with the "fastest" estimator per name."""
     if not 0 < budget_s <= max_budget_s or min_samples < 2 or max_samples < min_samples or not samples:
         raise LabError(f"need at least one sampler, 0 < budget_s <= max_budget_s and 2 <= min_samples <= "
@@ -174,10 +175,13 @@ def sample_in_turns(samples: list[Callable[[], dict[str, float]]], budget_s: flo
         return count(i) >= max_samples or (spent_s[i] + last_s[i] > max_budget_s and enough(i))
 
     timings: list[dict[str, Timing]] = []
+    done = [False] * len(samples)
     while True:
         for i in range(len(samples)):
-            round_s = 0.0
-            for _ in range(min(slice_calls, max_samples - count(i)) if not spent_out(i) else 0):
+            # One call a round once done: enough to see the moments the others are timed in, too
+            # few to use up max_samples while they finish (a new fastest would then go unconfirmed).
+            round_s, calls = 0.0, 1 if done[i] else slice_calls
+            for _ in range(min(calls, max_samples - count(i)) if not spent_out(i) else 0):
                 start_s = time.perf_counter()
                 for name, seconds in samples[i]().items():
                     collected[i].setdefault(name, []).append(seconds)

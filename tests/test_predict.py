@@ -72,6 +72,23 @@ def test_every_lesson_question_has_a_default_and_a_reveal():
     assert asked["unit"] is None and asked["default"] in asked["options"] and "decode" in asked["question"]
 
 
+def _served(title_share_noisy):
+    return [{"prefill_s": share, "decode_s": 1 - share, "prefill_share": share, "decode_share": 1 - share,
+             "noisy": noisy, "prompt_tokens": 10, "output_tokens": 2, "model": "m", "device": "cpu",
+             "device_name": "a CPU", "batch": 1} for _, share, noisy in title_share_noisy]
+
+
+def test_the_decode_heaviest_reveal_names_the_shapes_it_could_not_rank():
+    rows = [("Chat", 0.2, True), ("RAG question answering", 0.5, False), ("Agent loop", 0.45, False)]
+    titles = [t for t, _, _ in rows]
+    out = predict.reveal_decode_heaviest("Chat", lambda: _served(rows), titles)
+    assert out["rows"][2] == ("measured on a CPU", "Agent loop")  # chat's timing was not confirmed
+    assert "Not ranked" in out["gap"] and "Chat;" in out["gap"] and "quieter" in out["gap"]
+    clean = [(t, share, False) for t, share, _ in rows]
+    out = predict.reveal_decode_heaviest("Chat", lambda: _served(clean), titles)
+    assert out["rows"][2][1] == "Chat" and "Not ranked" not in out["gap"]
+
+
 @pytest.mark.slow
 def test_a_real_reveal_measures_this_machine():
     asked = predict.ask("context_slowdown", device="cpu")

@@ -146,6 +146,29 @@ def test_short_calls_in_turns_take_several_a_round(monkeypatch):
     assert len(short_out["t"].samples_s) == 30 and len(long_out["t"].samples_s) == 3
 
 
+def test_a_done_sampler_gets_one_call_a_round_and_a_new_fastest_puts_it_back_to_work(monkeypatch):
+    clock, slower, cheap_calls = Clock(monkeypatch), itertools.count(), itertools.count()
+
+    def cheap():  # 10 ms a call, 5 ms from its 40th call on: the machine got faster
+        seconds = 0.005 if next(cheap_calls) >= 40 else 0.01
+        clock.now += seconds
+        return {"t": seconds}
+
+    def busy():
+        seconds = 0.1 * 1.2 ** next(slower)
+        clock.now += seconds
+        return {"t": seconds}
+
+    rounds = []
+    cheap_out, busy_out = timing.sample_in_turns([cheap, busy], 1.2, 6.0, max_samples=300,
+                                                 after_round=lambda t: rounds.append(len(t[0]["t"].samples_s)))
+    assert busy_out["t"].noisy and not cheap_out["t"].noisy
+    steps = [b - a for a, b in zip(rounds, rounds[1:])]
+    assert steps[:2] == [10, 10] and 1 in steps  # a round's slice of calls until done, then one a round
+    assert cheap_out["t"].estimate_s == pytest.approx(0.005)  # the new fastest, confirmed by calls of its own
+    assert steps[steps.index(1):].count(1) < len(steps[steps.index(1):])  # back to a slice after it
+
+
 def test_sample_in_turns_needs_a_sampler():
     with pytest.raises(LabError):
         timing.sample_in_turns([], 1.0, 2.0)
