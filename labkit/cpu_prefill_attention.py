@@ -5,8 +5,8 @@ an AMD CPU runs its AVX2 kernels at half the cores' rate (`calibrate.CPU_FP32_PA
 linear, also in torch, runs AVX-512 there. So on an AMD CPU (`ops.onednn_for_many_rows`) a prefill
 attends a block of `BLOCK_QUERIES` queries at a time: the scores of the block's queries (every
 query head of one KV head stacked) against the keys they can see, one oneDNN product; the causal
-mask on the block's own diagonal only (the keys before it are all visible, the keys after it are
-never read); torch's softmax; one oneDNN product with V. The same arithmetic as SDPA's, in the
+mask on the block's own diagonal only, as a -inf bias (the keys before it are all visible, the
+keys after it are never read); torch's softmax; one oneDNN product with V. The same arithmetic as SDPA's, in the
 order a plain softmax takes (SDPA's online softmax rounds differently: ~5e-7 apart, tested
 against `sdpa_prefill_attention`, the CPU path's prefill attention everywhere else).
 
@@ -44,7 +44,12 @@ def blocked_prefill_attention(q, k, v, block: int = BLOCK_QUERIES):
     queries = torch.empty(B, Hkv, P, group, dh, dtype=q.dtype)
     torch.mul(q.reshape(B, Hkv, group, P, dh).permute(0, 1, 3, 2, 4), dh ** -0.5, out=queries)
     out = torch.empty_like(queries)
-    above = torch.ones(block, block, dtype=torch.bool).triu_(1)[:, None, :]  # [query, head (broadcast), key]
+    # The causal mask as a bias, 0 where a query sees the key and -inf where it must not, added to
+    # the diagonal's scores: x + 0 is x exactly and x - inf is -inf, as masked_fill would set, at an
+    # eighth of its time (11 against 85 us for a block of 256 queries, 2 heads, on the EPYC VM:
+    # masked_fill's broadcast mask took its slow path).
+    above = torch.zeros(block, 1, block).masked_fill_(
+        torch.ones(block, block, dtype=torch.bool).triu_(1)[:, None, :], float("-inf"))  # [query, head (broadcast), key]
     for b in range(B):
         for h in range(Hkv):
             # [S, dh], rows adjacent: the model's k and v are views with other strides, which
@@ -55,7 +60,7 @@ def blocked_prefill_attention(q, k, v, block: int = BLOCK_QUERIES):
                 rows, seen = stop - first, offset + stop  # queries in the block; keys they can see
                 scores = linear(queries[b, h, first:stop].view(rows * group, dh), keys[:seen], None, "none", [], "")
                 scores = scores.view(rows, group, seen)
-                scores[:, :, offset + first:seen].masked_fill_(above[:rows, :, :rows], float("-inf"))
+                scores[:, :, offset + first:seen].add_(above[:rows, :, :rows])
                 weights = torch.softmax(scores, dim=-1).view(rows * group, seen)
                 # values[:seen].t() is a [dh, seen] view: oneDNN's linear takes it as the weight
                 out[b, h, first:stop] = linear(weights, values[:seen].t(), None, "none", [], "").view(rows, group, dh)
