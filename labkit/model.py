@@ -79,13 +79,18 @@ def apply_rope(x, cos, sin):
     x [B, T, heads, dh]; cos, sin from `rope_angles`. Returns a new [B, T, heads, dh] tensor."""
     B, T, n, dh = x.shape
     halves = x.float().reshape(B, T, n, 2, dh // 2)
-    out = torch.addcmul(halves * cos, halves.flip(-2), sin)
+    out = halves * cos
+    # out += swap(x) * sin, a half at a time from views of x: no flipped copy of x (prefill: ~1 ms
+    # of a P = 4,096 prefill on a 2-core CPU); the same products and sums, so the same bits
+    out[..., 0, :].addcmul_(halves[..., 1, :], sin[..., 0, :])
+    out[..., 1, :].addcmul_(halves[..., 0, :], sin[..., 1, :])
     return out.view(B, T, n, dh).to(x.dtype)
 
 
 def swiglu(gate, up):
-    """SwiGLU's gating, silu(gate) * up: gate, up [..., ffn] -> [..., ffn]."""
-    return F.silu(gate) * up
+    """SwiGLU's gating, silu(gate) * up: gate, up [..., ffn] -> [..., ffn] (the product into silu's
+    own output: one tensor of the prefill's largest, P x ffn, fewer to write)."""
+    return F.silu(gate).mul_(up)
 
 
 def _param(generator, shape, std, dtype, device, linear=True):
