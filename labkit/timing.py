@@ -153,8 +153,8 @@ def sample_in_turns(samples: list[Callable[[], dict[str, float]]], budget_s: flo
     budget (at least one call, at most a `min_samples`-th of `max_samples`), and the rounds go on
     until every sampler is done in the same round: one that is done gets one call a round while
     the others finish (up to its `max_samples` and hard limit), and a new fastest call among those
-    puts it back to work until that is confirmed too. `after_round(timings)` is told each round's timings (a progress
-    bar). Returns, per sampler, a Timing with the "fastest" estimator per name."""
+    puts it back to work until that is confirmed too. `after_round(timings)` is told each round's
+    timings (a progress bar). Returns, per sampler, a Timing with the "fastest" estimator per name."""
     if not 0 < budget_s <= max_budget_s or min_samples < 2 or max_samples < min_samples or not samples:
         raise LabError(f"need at least one sampler, 0 < budget_s <= max_budget_s and 2 <= min_samples <= "
                        f"max_samples, got {len(samples)}, {budget_s}, {max_budget_s}, {min_samples}, {max_samples}")
