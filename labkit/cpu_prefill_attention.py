@@ -6,9 +6,10 @@ linear, also in torch, runs AVX-512 there. So on an AMD CPU (`ops.onednn_for_man
 attends a block of `BLOCK_QUERIES` queries at a time: the scores of the block's queries (every
 query head of one KV head stacked) against the keys they can see, one oneDNN product; the causal
 mask on the block's own diagonal only, as a -inf bias (the keys before it are all visible, the
-keys after it are never read); torch's softmax; one oneDNN product with V. The same arithmetic as SDPA's, in the
-order a plain softmax takes (SDPA's online softmax rounds differently: ~5e-7 apart, tested
-against `sdpa_prefill_attention`, the CPU path's prefill attention everywhere else).
+keys after it are never read); torch's softmax, in place; one oneDNN product with V. The same
+arithmetic as SDPA's, in the order a plain softmax takes (SDPA's online softmax rounds
+differently: ~5e-7 apart, tested against `sdpa_prefill_attention`, the CPU path's prefill
+attention everywhere else).
 
 Measured on a 2-core AMD EPYC VM (Zen 5, cpu family 26), lab-cpu's shapes (4 heads, 2 KV heads,
 dh = 64, q, k and v strided as the model passes them), one layer, fastest of 3 in each of 5

@@ -609,7 +609,7 @@ def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dic
 
 
 def measured_split(results: list[dict], titles: list[str]) -> dict:
-    """`serving.serve_until_stable` results (one per shape) as the same bar-chart lists, plus
+    """`serving.serve_shapes` results (one per shape) as the same bar-chart lists, plus
     which shapes were too noisy to trust (their title says so; the chart pales their bars)."""
     first = results[0]
     noisy = [bool(x.get("noisy")) for x in results]
@@ -624,14 +624,14 @@ def measured_split(results: list[dict], titles: list[str]) -> dict:
 
 def split_extremes(split: dict) -> dict:
     """The shapes that lean furthest towards decode and towards prefill (lowest and highest
-    prefill share), among the shapes not flagged noisy; None where no shape is clean, and the
-    clean shapes' names from most decode-heavy to most prefill-heavy."""
-    rows = [(pct, name) for pct, name, noisy in zip(split["prefill_pct"], split.get("names", split["titles"]),
-                                                      split.get("noisy", [False] * len(split["titles"])))
-            if not noisy]
-    rows.sort()
+    prefill share), among the shapes not flagged noisy; None where no shape is clean, the clean
+    shapes' names from most decode-heavy to most prefill-heavy, and the noisy ones' names."""
+    shapes = list(zip(split["prefill_pct"], split.get("names", split["titles"]),
+                      split.get("noisy", [False] * len(split["titles"]))))
+    rows = sorted((pct, name) for pct, name, noisy in shapes if not noisy)
+    noisy_names = [name for _, name, noisy in shapes if noisy]
     return {"decode_heaviest": rows[0][1] if rows else None, "prefill_heaviest": rows[-1][1] if rows else None,
-            "order": [name for _, name in rows], "left_out": len(split["titles"]) - len(rows)}
+            "order": [name for _, name in rows], "left_out": len(noisy_names), "left_out_names": noisy_names}
 
 
 def split_extremes_line(split: dict) -> str:

@@ -139,8 +139,8 @@ class Llama(nn.Module):
         self.compute_dtype = compute_dtype or self.backend.compute_dtype
         dtype = torch_dtype(self.compute_dtype, COMPUTE_DTYPES)
         self.ops = choose_ops(kernels, self.device)
-        if self.device.type == "cpu":  # a prefill's megabyte tensors reuse freed memory, no page faults
-            self.memory_setting = cpu_memory.keep_freed_memory()
+        # On the CPU a prefill's megabyte tensors reuse freed memory instead of faulting pages in
+        self.memory_setting = cpu_memory.keep_freed_memory() if self.device.type == "cpu" else None
         max_tokens = max_tokens or min(spec.max_context, 4096)
         cache_dtype = cache_dtype or self.compute_dtype
         backend.check_fits(roofline.memory_footprint_bytes(spec, batch, max_tokens, self.compute_dtype, cache_dtype),

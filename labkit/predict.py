@@ -115,15 +115,14 @@ def reveal_decode_heaviest(estimate: str, serve, titles: list[str], gpu: str = "
     the formula, and measured here (`serve()`: `serving.serve_shapes` with its shapes bound)."""
     predicted = explore.predicted_split(get_model("llama-3.1-8b"), get_gpu(gpu), workloads.CHAPTER_BATCH)
     results = serve()
-    measured = explore.measured_split(results, titles)
+    measured = explore.split_extremes(explore.measured_split(results, titles))
     shown = explore.reveal("the shape that leans furthest towards decode", None, estimate,
                            explore.split_extremes(predicted)["decode_heaviest"],
-                           explore.split_extremes(measured)["decode_heaviest"], results[0]["device_name"],
+                           measured["decode_heaviest"], results[0]["device_name"],
                            "the longest answer for the length of its prompt", formula_label=f"the formula on the {gpu}")
-    left_out = [name for name, noisy in zip(measured["names"], measured["noisy"]) if noisy]
-    if left_out:  # a shape whose timing was never confirmed is not ranked: say so, or the pick looks wrong
+    if measured["left_out_names"]:  # a shape whose timing was never confirmed is not ranked: say so
         shown["gap"] += (f" Not ranked, as this machine's timings of them were never confirmed (too busy): "
-                         f"{', '.join(left_out)}; run the cell again when it is quieter.")
+                         f"{', '.join(measured['left_out_names'])}; run the cell again when it is quieter.")
     return shown
 
 

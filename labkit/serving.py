@@ -41,20 +41,18 @@ def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int
     for _ in range(output_tokens - 1):
         logits = built.decode_step(logits.argmax(-1))
     backend.synchronize(kind)
-    prefill_s, decode_s = prefilled - start, time.perf_counter() - prefilled
+    decoded = time.perf_counter()
     return {"model": built.spec.name, "device": kind, "device_name": backend.device_name(kind),
             "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "batch": batch,
-            "prefill_s": prefill_s, "decode_s": decode_s,
+            **time_split(prefilled - start, decoded - prefilled, output_tokens)}
+
+
+def time_split(prefill_s: float, decode_s: float, output_tokens: int) -> dict:
+    """A request's time split: both phases' seconds, their shares, ttft_s and the mean itl_s
+    (None for a one-token answer, which has no decode step)."""
+    return {"prefill_s": prefill_s, "decode_s": decode_s,
             "prefill_share": prefill_s / (prefill_s + decode_s), "decode_share": decode_s / (prefill_s + decode_s),
             "ttft_s": prefill_s, "itl_s": decode_s / (output_tokens - 1) if output_tokens > 1 else None}
-
-
-def serve_until_stable(model: str, prompt_tokens: int, output_tokens: int, batch: int = 1,
-                       device: str | None = None) -> dict:
-    """`serve_request` repeated until its fastest prefill and fastest decode are confirmed:
-    `serve_shapes` of this one shape."""
-    return serve_shapes(model, [{"prompt_tokens": prompt_tokens, "output_tokens": output_tokens}], device,
-                        batch=batch)[0]
 
 
 def serve_shapes(model: str, shapes: list[dict], device: str | None = None, progress=None,
@@ -76,21 +74,14 @@ def serve_shapes(model: str, shapes: list[dict], device: str | None = None, prog
         return sample
 
     def after_round(timings):
-        if progress:
-            progress(sum(all(t.confirmed for t in named.values()) for named in timings), len(shapes))
+        progress(sum(all(t.confirmed for t in named.values()) for named in timings), len(shapes))
 
-    every = timing.sample_in_turns([sampler(i, shape) for i, shape in enumerate(shapes)],
-                                   SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, 3, SHAPE_MAX_RUNS, after_round)
+    every = timing.sample_in_turns([sampler(i, shape) for i, shape in enumerate(shapes)], SHAPE_BUDGET_S,
+                                   SHAPE_MAX_BUDGET_S, 3, SHAPE_MAX_RUNS, after_round if progress else None)
     if progress:
         progress(len(shapes), len(shapes))
-    results = []
-    for served, timings in zip(last, every):
-        prefill_s, decode_s = timings["prefill"].estimate_s, timings["decode"].estimate_s
-        results.append({**served, "prefill_s": prefill_s, "decode_s": decode_s,
-                        "prefill_share": prefill_s / (prefill_s + decode_s),
-                        "decode_share": decode_s / (prefill_s + decode_s), "ttft_s": prefill_s,
-                        "itl_s": decode_s / (served["output_tokens"] - 1) if served["output_tokens"] > 1 else None,
-                        "runs": len(timings["prefill"].samples_s), "prefill_spread": timings["prefill"].spread,
-                        "decode_spread": timings["decode"].spread,
-                        "noisy": timings["prefill"].noisy or timings["decode"].noisy})
-    return results
+    return [{**served,
+             **time_split(timings["prefill"].estimate_s, timings["decode"].estimate_s, served["output_tokens"]),
+             "runs": len(timings["prefill"].samples_s), "prefill_spread": timings["prefill"].spread,
+             "decode_spread": timings["decode"].spread, "noisy": timings["prefill"].noisy or timings["decode"].noisy}
+            for served, timings in zip(last, every)]
