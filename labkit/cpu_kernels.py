@@ -77,7 +77,15 @@ PREFETCH_WEIGHT_BYTES_AHEAD = 32 << 10
 # sums of 16 lanes fill half of AVX-512's 32 vector registers; 8, then 4, for the rows past the last
 # 16: a batch of 4 as one 4-row tile, not padded to 8, took half the FMAs and no padded copy), and
 # how many panels ahead a tile asks for, into the L2 (16 KiB each at K = 256: 64 KiB ahead).
+# From 8 rows on, a tile spans two adjacent panels (PANEL_PAIR_ROWS rows of 8, then 4, x 32
+# columns): each broadcast of x then feeds two FMAs, so a step of K loads 10 values for 16 FMAs
+# where the 16-row tile of one panel loaded 17. One core, K = 256, 32 rows: 197-201 -> 217-226
+# GFLOP/s (N = 49,152 and 2,048); lab-cpu's head at 32 rows on 2 cores 2.16-2.40 -> 1.91-1.98 ms, at
+# 64 rows 4.75-5.12 -> 3.90-4.00 (2-core EPYC VM, Zen 5). Each output still sums its K products in
+# the same order, so the results are the same bits. Below 8 rows the single panels stay: streaming
+# two panels at once, the 49,152-column head at 4 rows took 1.39-1.42 ms on one core against 1.11-1.16.
 PANEL_COLUMNS, PANEL_TILE_ROWS, PANEL_PREFETCH_AHEAD = 16, (16, 8, 4), 4
+PANEL_PAIR_ROWS = (8, 4)
 # `store_rounded`'s codes for the caches it writes, and where torch's fp32 -> e4m3 gives NaN (0x7F):
 # |x| >= 480.0, these bits
 ROUNDED_STORES = {"bf16": 1, "fp16": 2, "fp8": 3}
@@ -447,7 +455,7 @@ if AVAILABLE:
         builder.cbranch(builder.icmp_signed("<", following, bound), loop, done)
         builder.position_at_end(done)
 
-    def _panel_tile_codegen(rows):
+    def _panel_tile_codegen(rows, width):
         def codegen(context, builder, signature, args):
             xt_type, _, panels_type, _, _, out_type = signature.args
             xt, panels, out = (context.make_array(t)(context, builder, a)
@@ -459,10 +467,12 @@ if AVAILABLE:
             _, N = cgutils.unpack_tuple(builder, out.shape, 2)
             panel_values = builder.mul(K, i64(PANEL_COLUMNS))
             x_rows = builder.gep(xt.data, [first_row])  # xt[0, first_row]
-            weights = builder.gep(panels.data, [builder.mul(panel, panel_values)])  # panels[panel, 0, 0]
-            ahead = builder.add(panel, i64(PANEL_PREFETCH_AHEAD))
-            ahead = builder.select(builder.icmp_signed("<", ahead, last), ahead, last)  # never past `last`
-            fetched = builder.gep(panels.data, [builder.mul(ahead, panel_values)])
+            weights, fetched = [], []  # per panel of the tile: panels[panel + c, 0, 0], and the one asked for ahead
+            for c in range(width):
+                weights.append(builder.gep(panels.data, [builder.mul(builder.add(panel, i64(c)), panel_values)]))
+                ahead = builder.add(panel, i64(PANEL_PREFETCH_AHEAD + c))
+                ahead = builder.select(builder.icmp_signed("<", ahead, last), ahead, last)  # never past `last`
+                fetched.append(builder.gep(panels.data, [builder.mul(ahead, panel_values)]))
             byte = ir.IntType(8).as_pointer()
             prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                 ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch.p0")
@@ -474,48 +484,61 @@ if AVAILABLE:
             builder.position_at_end(loop)
             k = builder.phi(i64)
             k.add_incoming(i64(0), entry)
-            sums = []
-            for _ in range(rows):  # the tile's sums: zeros on entry, the last step's on every other
+            sums = []  # [rows * width]: row r's sums for panel c at r * width + c
+            for _ in range(rows * width):  # the tile's sums: zeros on entry, the last step's on every other
                 phi = builder.phi(vector)
                 phi.add_incoming(ir.Constant(vector, None), entry)
                 sums.append(phi)
             offset = builder.mul(k, i64(PANEL_COLUMNS))
-            w = builder.load(builder.bitcast(builder.gep(weights, [offset]), vector.as_pointer()), align=4)
+            w = [builder.load(builder.bitcast(builder.gep(start, [offset]), vector.as_pointer()), align=4)
+                 for start in weights]
             # locality 2: into the L2 and L3, not the L1 (the LM head at 16 rows from DRAM, fastest of 12
             # alternating: 2.52 ms against 2.73 into the L1; from the L3 the same)
-            builder.call(prefetch, [builder.bitcast(builder.gep(fetched, [offset]), byte), i32(0), i32(2), i32(1)])
+            for start in fetched:
+                builder.call(prefetch, [builder.bitcast(builder.gep(start, [offset]), byte), i32(0), i32(2), i32(1)])
             new = []
             x_step = builder.gep(x_rows, [builder.mul(k, rows_in_x)])  # xt[k, first_row]: the tile's x, adjacent
             for r in range(rows):
-                value = builder.load(builder.gep(x_step, [i64(r)]))
-                new.append(builder.call(fma, [_splat(builder, value, PANEL_COLUMNS), w, sums[r]]))
+                value = _splat(builder, builder.load(builder.gep(x_step, [i64(r)])), PANEL_COLUMNS)
+                new.extend(builder.call(fma, [value, w[c], sums[r * width + c]]) for c in range(width))
             _loop_back(builder, k, K, sums, new, loop, done)
-            column = builder.mul(panel, i64(PANEL_COLUMNS))
-            for r, value in enumerate(new):
+            for r in range(rows):
                 row = builder.add(first_row, i64(r))
-                target = builder.gep(out.data, [builder.add(builder.mul(row, N), column)])
-                builder.store(value, builder.bitcast(target, vector.as_pointer()), align=4)
+                for c in range(width):
+                    column = builder.mul(builder.add(panel, i64(c)), i64(PANEL_COLUMNS))
+                    target = builder.gep(out.data, [builder.add(builder.mul(row, N), column)])
+                    builder.store(new[r * width + c], builder.bitcast(target, vector.as_pointer()), align=4)
             return context.get_dummy_value()
         return codegen
 
-    def _panel_tile_for(rows):
-        """The tile of `rows` rows: out[first_row : first_row + rows, 16 panel : 16 panel + 16] =
-        those rows of x @ the panel; xt [K, B] (x transposed), panels [P, K, 16], out [B, 16 P], fp32
-        C-contiguous."""
+    def _panel_tile_for(rows, width=1):
+        """The tile of `rows` rows and `width` adjacent panels: out[first_row : first_row + rows,
+        16 panel : 16 (panel + width)] = those rows of x @ the panels; xt [K, B] (x transposed),
+        panels [P, K, 16], out [B, 16 P], fp32 C-contiguous."""
         def typer(typingctx, xt, first_row, panels, panel, last, out):
             if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" and a.ndim == n
                        for a, n in ((xt, 2), (panels, 3), (out, 2))):
                 return None
-            return types.none(xt, first_row, panels, panel, last, out), _panel_tile_codegen(rows)
+            return types.none(xt, first_row, panels, panel, last, out), _panel_tile_codegen(rows, width)
         return intrinsic(typer)
 
     _panel_tile_16, _panel_tile_8, _panel_tile_4 = (_panel_tile_for(rows) for rows in PANEL_TILE_ROWS)
+    _pair_tile_8, _pair_tile_4 = (_panel_tile_for(rows, 2) for rows in PANEL_PAIR_ROWS)
 
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def _panel_linear_t(xt, panels, out, first, stop):
         """`panel_linear` for x given transposed, xt [K, B] C-contiguous."""
         B = xt.shape[1]
-        for panel in range(first, stop):
+        panel = first
+        while B >= PANEL_PAIR_ROWS[0] and panel + 2 <= stop:  # two panels a tile
+            row = 0
+            while row + 8 <= B:
+                _pair_tile_8(xt, row, panels, panel, stop - 1, out)
+                row += 8
+            if row < B:
+                _pair_tile_4(xt, row, panels, panel, stop - 1, out)
+            panel += 2
+        for panel in range(panel, stop):  # one panel a tile: below 8 rows, and an odd last panel
             row = 0
             while row + 16 <= B:
                 _panel_tile_16(xt, row, panels, panel, stop - 1, out)
@@ -529,9 +552,11 @@ if AVAILABLE:
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def panel_linear(x, panels, out, first, stop):
         """out[:, 16 first : 16 stop] of x [B, K] @ panels [P, K, 16] (`pack_panels`), B a multiple of
-        4 (callers pad x with zero rows), out [B, 16 P]: panels `first` .. `stop` - 1, each panel met
-        by tiles of 16 rows, then one of 8 and one of 4 as the rest needs; the panel (16 KiB at
-        K = 256) stays in L1 between them. x, panels, out fp32 and C-contiguous.
+        4 (callers pad x with zero rows), out [B, 16 P]: panels `first` .. `stop` - 1. From 8 rows
+        on, two panels at a time, met by tiles of 8 rows and one of 4 as the rest needs (`PANEL_PAIR_ROWS`);
+        below 8 rows, and for an odd last panel, one panel at a time, met by tiles of 16 rows, then
+        one of 8 and one of 4. The panels (16 KiB each at K = 256) stay in L1 between the tiles.
+        x, panels, out fp32 and C-contiguous.
 
         The tile reads x transposed (a copy, [K, B]): its rows' x[b, k] are then adjacent, each
         broadcast a fixed offset from one pointer that moves once per k. Read in place, each row's
@@ -553,8 +578,10 @@ if AVAILABLE:
         activations cross between the cores either way (2-core Xeon VM)."""
         P = panels.shape[0]
         xt = np.ascontiguousarray(x.T)
-        for p in numba.prange(parts):
-            _panel_linear_t(xt, panels, out, P * p // parts, P * (p + 1) // parts)
+        for p in numba.prange(parts):  # shares of whole pairs of panels; the last takes an odd one
+            first = (P * p // parts) // 2 * 2
+            stop = P if p == parts - 1 else (P * (p + 1) // parts) // 2 * 2
+            _panel_linear_t(xt, panels, out, first, stop)
 
     @numba.njit(nogil=True, fastmath=True, parallel=True, cache=True)
     def linear_on_cores(x, w, out, parts):

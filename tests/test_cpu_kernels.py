@@ -67,9 +67,11 @@ def test_pack_panels_lays_out_each_16_columns_contiguously_with_zeros_past_the_e
 @pytest.mark.parametrize("rows", [4, 8, 12, 16, 24, 28, 32, 40])
 @pytest.mark.parametrize("out_features", [16, 40, 257])
 def test_panel_linear_equals_its_reference(rows, out_features):
-    """Tiles of 16 rows, then one of 8 (24, 40 rows) and one of 4 (4, 12, 28 rows), over two
-    uneven shares of the panels (each share's prefetch stops at its own end) and on the cores; a
-    padded last panel (40, 257)."""
+    """From 8 rows, pairs of panels in tiles of 8 rows and one of 4 (12, 28 rows), an odd panel
+    (40, 257: 3 and 17 panels; a share of 5) in tiles of 16, 8 and 4; below 8 rows single panels;
+    over two uneven shares of the panels (each share's prefetch stops at its own end) and on the
+    cores; a padded last panel (40, 257). And the same bits as the rows taken 4 at a time (single
+    panels only): every output sums its products in the same order whatever the tile."""
     x = rng(12).standard_normal((rows, 96), dtype=np.float32)
     w = rng(13).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
     ref = cpu_kernels.few_rows_linear_reference(x, w)
@@ -83,6 +85,10 @@ def test_panel_linear_equals_its_reference(rows, out_features):
     again = np.full_like(out, np.nan)
     cpu_kernels.panel_linear_on_cores(x, panels, again, 2)
     np.testing.assert_array_equal(again, out)
+    for first in range(0, rows, 4):
+        single = np.full((4, out.shape[1]), np.nan, np.float32)
+        cpu_kernels.panel_linear(np.ascontiguousarray(x[first:first + 4]), panels, single, 0, panels.shape[0])
+        np.testing.assert_array_equal(single, out[first:first + 4])
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 13, 16])
