@@ -336,18 +336,9 @@ if AVAILABLE:
         """out[:, first:stop] of x [B, K] @ w [N, K].T, one weight row at a time: its B dot
         products while the row (1 KiB at K = 256) is in L1, each vectorised along K. For B < 4:
         with one x row the 4 x 4 tile has nothing to share, and this plain loop streamed the lab's
-        LM head twice as fast (B = 1, 2-core EPYC: 1.35 ms against 3.34 ms on one core).
-        Where the panel product is off (no AVX-512), this streams the LM head at B = 1-3. For B <= 2
-        each row asks for the one PREFETCH_WEIGHT_BYTES_AHEAD ahead. The head on 2
-        cores, one process, rounds interleaved with torch's sum() over as many bytes (52-72 GB/s):
-        at B = 1 0.70-0.73 ms (69-72 GB/s) in 5 rounds of 6 against 0.95-1.18 without; at B = 2
-        0.88-0.94 against 1.05-1.21; at B = 3 no faster (1.08-1.68 against 1.06-1.23), so from 3
-        rows the hardware's prefetchers are left alone (2-core EPYC VM, Zen 5)."""
+        LM head twice as fast (B = 1, 2-core EPYC: 1.35 ms against 3.34 ms on one core)."""
         B, K = x.shape
-        ahead = max(4, PREFETCH_WEIGHT_BYTES_AHEAD // (K * w.itemsize)) if B <= 2 else 0  # rows; 0: none asked for
         for j in range(first, stop):
-            if ahead:
-                _prefetch_weight_rows(w, j + ahead, 1, stop)
             for b in range(B):
                 acc = np.float32(0)
                 for k in range(K):
