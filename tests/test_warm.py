@@ -35,3 +35,42 @@ def test_a_bad_argument_is_one_line_and_exit_2(capsys):
     assert warm.main(["--bogus"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("warm: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_on_two_cores_a_helper_takes_all_but_the_first_dtype(monkeypatch):
+    """The helper is `python -m labkit.warm --cache-dtypes <the rest>` (which warms alone); this
+    process warms the first; a helper that fails is an error naming it, after both have ended."""
+    monkeypatch.setattr(warm, "CORES", 2)
+    monkeypatch.setattr(warm, "BATCHES", (4,))
+    ran, started = [], []
+    monkeypatch.setattr(warm.Llama, "decode_step", lambda self, tokens, *a: ran.append(self.cache.cache_dtype))
+
+    class Helper:
+        def __init__(self, argv, **kwargs):
+            started.append(argv[1:])
+            self.returncode = exit_code
+
+        def communicate(self):
+            return ("Traceback ...\nMemoryError", None) if exit_code else ("warm: ...", None)
+
+    monkeypatch.setattr(warm.subprocess, "Popen", Helper)
+    exit_code = 0
+    line = warm.warm(("fp32", "bf16", "int8"))
+    assert started == [["-m", "labkit.warm", "--cache-dtypes", "bf16,int8"]] and ran == ["fp32"]
+    assert line.startswith("warm: the CPU decode step's kernels compiled or loaded for fp32, bf16, int8 caches"), line
+    exit_code = 1
+    with pytest.raises(warm.LabError, match=r"helper warming bf16, int8 failed \(exit 1\): MemoryError"):
+        warm.warm(("fp32", "bf16", "int8"))
+    started.clear()
+    warm.warm(("fp32", "bf16"), helper=False)  # the helper's own call: no helper of its own
+    monkeypatch.setattr(warm, "CORES", 1)
+    warm.warm(("fp32", "bf16"))  # one core: everything here
+    assert started == []
+
+
+def test_cache_dtypes_are_checked_before_anything_runs(capsys, monkeypatch):
+    monkeypatch.setattr(warm, "warm", lambda *a, **k: pytest.fail("warmed"))
+    for bad in ("fp8", "fp32,bogus", ","):
+        assert warm.main(["--cache-dtypes", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("warm: error: --cache-dtypes:") and "the CPU offers fp32, bf16, int8" in err, err
