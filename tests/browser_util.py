@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -18,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -120,6 +122,29 @@ class Server:
         if self.process.poll() is None:
             self.process.wait(10)
         self._log_file.close()
+
+
+def printed_link(server: Server, label: str, port: int, timeout_s: float = 60) -> str:
+    """The `<label>: URL` line the target printed; checks that it is a loopback URL on `port`
+    with a token, and gives the server that token."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(rf"^{label}: (\S+)$", server.log_tail(100_000), re.M)
+        if match:
+            break
+        if server.process.poll() is not None:
+            pytest.fail(f"make exited with {server.process.returncode} before printing its link:\n"
+                        f"{server.log_tail()}")
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"no '{label}: URL' line after {timeout_s:.0f} s:\n{server.log_tail()}")
+    link = match.group(1)
+    parts = urlsplit(link)
+    token = parse_qs(parts.query).get("token", [""])[0]
+    assert (parts.scheme, parts.hostname, parts.port) == ("http", "127.0.0.1", port), link
+    assert token, f"the printed link has no token: {link}"
+    server.token = token
+    return link
 
 
 def http_get(url: str, timeout_s: float = 60) -> tuple[int, str | None, str]:

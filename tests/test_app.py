@@ -1,16 +1,19 @@
 """`make app`: a lesson served by Voilà on loopback, behind a token, works in a real browser.
 
 For the Makefile's default NB and every `make app NB=...` the README shows, the server is started
-by the Makefile's own `app` recipe (`make -o venv app NB=... PORT=...`; `-o venv`: never reinstall
-the venv from inside a test), with the token in JUPYTER_TOKEN as a user would give it. Chromium
-loads the page with the token, waits for the widgets, moves every slider and checks that its
-chart changed and no error showed; without the token (or with a wrong one) nothing is served.
+by the Makefile's own `app` recipe (`make -o venv app [NB=...] PORT=...`; `-o venv`: never
+reinstall the venv from inside a test). The default lesson runs as a learner types it, `make app`
+with no token given: the recipe makes one, and Chromium opens the link it printed. The others get
+theirs in JUPYTER_TOKEN, as a user may give it. Chromium waits for the lesson's heading and its
+widgets, moves every slider and checks that its chart changed and no error showed; without the
+token (or with a wrong one) nothing is served.
 The browser's console stays clean from the first request to the last slider move: no error, no
 uncaught exception, no warning (JupyterLab's "Unsatisfied version" module warnings among them),
 and no request leaves 127.0.0.1.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
@@ -20,18 +23,20 @@ from urllib.parse import urlsplit
 import pytest
 
 from browser_util import (ROOT, SCREENSHOTS, Server, free_port, full_screenshot, http_get, isolated_env,
-                          launch_chromium, move_slider, new_token, page_errors, sync_playwright,
+                          launch_chromium, move_slider, new_token, page_errors, printed_link, sync_playwright,
                           wait_for_widgets)
 
 pytestmark = pytest.mark.browser
 
 
 
+DEFAULT_NB = re.search(r"^NB\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+
+
 def app_notebooks() -> list[str]:
     """The Makefile's default NB and every `make app NB=...` the README shows."""
-    default = re.search(r"^NB\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     shown = re.findall(r"make app NB=(\S+?\.ipynb)", (ROOT / "README.md").read_text())
-    return sorted({default, *shown})
+    return sorted({DEFAULT_NB, *shown})
 
 
 NOTEBOOKS = app_notebooks()
@@ -78,7 +83,10 @@ class Console:
 
 @pytest.fixture(scope="module", params=NOTEBOOKS)
 def app(request, tmp_path_factory):
-    """The `make app` server for one notebook; its process group (make, voila, kernel) always stopped."""
+    """The `make app` server for one notebook and the link to open; its process group (make,
+    voila, kernel) always stopped. The Makefile's default NB runs as `make app` with no token
+    given, so the recipe makes one and the link is the one it printed (what a learner clicks);
+    every other NB runs with the token in JUPYTER_TOKEN, as a user may give it."""
     start = sync_playwright()
     notebook = request.param
     if not (ROOT / notebook).exists():
@@ -86,18 +94,30 @@ def app(request, tmp_path_factory):
     if shutil.which("make") is None:
         pytest.fail("make is not installed; `make app` is how the lesson is served")
     home = tmp_path_factory.mktemp("voila")
-    port, token = free_port(), new_token()
-    env = dict(isolated_env(home, home / "labkit-cache"), JUPYTER_TOKEN=token)
-    argv = ["make", "--no-print-directory", "-o", "venv", "-o", ".venv/.stamp", "app",
-            f"NB={notebook}", f"PORT={port}"]
+    port, default = free_port(), notebook == DEFAULT_NB
+    env, token = isolated_env(home, home / "labkit-cache"), "" if default else new_token()
+    env.pop("JUPYTER_TOKEN", None)
+    if token:
+        env["JUPYTER_TOKEN"] = token
+    argv = ["make", "--no-print-directory", "-o", "venv", "-o", ".venv/.stamp", "app", f"PORT={port}",
+            *([] if default else [f"NB={notebook}"])]
     server = Server(argv, env, home / "voila.log", f"http://127.0.0.1:{port}", token)
     try:
+        link = printed_link(server, "Voila", port) if default else server.url("/")
         # Any answer means it listens; "/" without the token is a redirect to the login page
         # (with the token it would run the whole notebook once just to say it is up).
         server.wait_until_up("/", token=False, answered=lambda status: status > 0)
-        yield server, start, notebook
+        yield server, start, notebook, link
     finally:
         server.stop()
+
+
+def first_heading(notebook: str) -> str:
+    """The lesson's first markdown heading: what a learner sees at the top of the page."""
+    for cell in json.loads((ROOT / notebook).read_text())["cells"]:
+        if cell["cell_type"] == "markdown" and (match := re.search(r"^#+\s+(.+)$", "".join(cell["source"]), re.M)):
+            return match.group(1).strip()
+    pytest.fail(f"{notebook} has no markdown heading")
 
 
 def other_addresses() -> list[str]:
@@ -111,7 +131,7 @@ def other_addresses() -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_the_app_listens_on_loopback_only_and_refuses_requests_without_the_token(app):
-    server, _, notebook = app
+    server, _, notebook, _link = app
     port = int(server.base_url.rsplit(":", 1)[1])
     for address in other_addresses():
         with socket.socket() as sock:
@@ -127,13 +147,14 @@ def test_the_app_listens_on_loopback_only_and_refuses_requests_without_the_token
 
 @pytest.mark.timeout(LOAD_TIMEOUT_S + 3 * MOVE_TIMEOUT_S + 60)
 def test_the_app_renders_the_lesson_and_every_slider_redraws_its_chart(app):
-    server, start, notebook = app
+    server, start, notebook, link = app
     with start() as playwright:
         browser = launch_chromium(playwright)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             console = Console(page, server.base_url)
-            page.goto(server.url("/"), timeout=LOAD_TIMEOUT_S * 1000)
+            page.goto(link, timeout=LOAD_TIMEOUT_S * 1000)
+            page.get_by_role("heading", name=first_heading(notebook)).first.wait_for(timeout=LOAD_TIMEOUT_S * 1000)
             page.wait_for_selector(".widget-slider .noUi-handle", timeout=LOAD_TIMEOUT_S * 1000)
             page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length > 0",
                                    timeout=LOAD_TIMEOUT_S * 1000)

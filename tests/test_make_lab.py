@@ -1,4 +1,5 @@
-"""`make lab` and `make app` as a learner runs them: the link each one prints opens lesson 01.
+"""`make lab` as a learner runs it: the link it prints opens lesson 01 (`make app`'s printed link:
+tests/test_app.py, which opens the default lesson through it).
 
 Jupyter's own URL line hides the token, so the line the target prints is the only link a learner
 can click. Each target is started with `make -o venv <target> PORT=<free port>` (`-o venv`: never
@@ -9,7 +10,7 @@ headless Chromium.
 
 JupyterLab: lesson 01 is the open document (its heading shows, no "Could not find path"
 dialog), its kernel is idle and was started in notebooks/ (the lessons read ../data), and the
-file browser's root lists the repository. Voilà: lesson 01 renders as a page, with a slider.
+file browser's root lists the repository.
 """
 from __future__ import annotations
 
@@ -19,18 +20,16 @@ import re
 import shutil
 import time
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from browser_util import (LAB_SETTINGS, ROOT, SCREENSHOTS, Server, free_port, full_screenshot, isolated_env,
-                          launch_chromium, page_errors, sync_playwright)
+                          launch_chromium, page_errors, printed_link, sync_playwright)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 LESSON = "notebooks/01_two_phases.ipynb"
 LAB_TIMEOUT_S = 120  # JupyterLab's page and a kernel start, on 2 busy cores
-APP_TIMEOUT_S = 240  # Voilà runs every cell (LABKIT_QUICK=1) before the page is complete
 
 
 def lesson_heading() -> str:
@@ -72,29 +71,6 @@ def start_target(target: str, home: Path) -> tuple[Server, int]:
     return Server(argv, target_env(home), home / f"make-{target}.log", f"http://127.0.0.1:{port}", ""), port
 
 
-def printed_link(server: Server, label: str, port: int, timeout_s: float = 60) -> str:
-    """The `<label>: URL` line the target printed; checks that it is a loopback URL on `port`
-    with a token, and gives the server that token."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(rf"^{label}: (\S+)$", server.log_tail(100_000), re.M)
-        if match:
-            break
-        if server.process.poll() is not None:
-            pytest.fail(f"make exited with {server.process.returncode} before printing its link:\n"
-                        f"{server.log_tail()}")
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"no '{label}: URL' line after {timeout_s:.0f} s:\n{server.log_tail()}")
-    link = match.group(1)
-    parts = urlsplit(link)
-    token = parse_qs(parts.query).get("token", [""])[0]
-    assert (parts.scheme, parts.hostname, parts.port) == ("http", "127.0.0.1", port), link
-    assert token, f"the printed link has no token: {link}"
-    server.token = token
-    return link
-
-
 @pytest.fixture
 def lab_server(tmp_path):
     """`make lab`: the server and the link it printed; its process group always stopped."""
@@ -102,19 +78,6 @@ def lab_server(tmp_path):
     try:
         link = printed_link(server, "JupyterLab", port)
         server.wait_until_up("/api/status")
-        yield server, link
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def app_server(tmp_path):
-    """`make app` (NB defaults to lesson 01): the server and the link it printed."""
-    server, port = start_target("app", tmp_path)
-    try:
-        link = printed_link(server, "Voila", port)
-        # Any answer means it listens (with the token it would run the whole lesson just to say so).
-        server.wait_until_up("/", token=False, answered=lambda status: status > 0)
         yield server, link
     finally:
         server.stop()
@@ -223,13 +186,3 @@ def test_make_lab_prints_a_link_that_opens_lesson_01_in_the_repository(lab_serve
         check_file_browser(page, server)
         assert page_errors(page) == []
     assert (ROOT / LESSON).read_bytes() == original, f"opening {LESSON} wrote it back"
-
-
-@pytest.mark.timeout(APP_TIMEOUT_S + 120)
-def test_make_app_prints_a_link_that_renders_lesson_01_as_a_page(app_server):
-    _server, link = app_server
-    heading = lesson_heading()
-    with opened(link, APP_TIMEOUT_S, "make-app.png") as page:
-        page.get_by_role("heading", name=heading).first.wait_for(timeout=APP_TIMEOUT_S * 1000)
-        page.locator(".widget-slider .noUi-handle").first.wait_for(timeout=APP_TIMEOUT_S * 1000)
-        assert page_errors(page) == [] and "There was an error" not in page.inner_text("body")
