@@ -19,6 +19,12 @@ TRITON_VENV := build/venv-triton$(TRITON)
 # Triton made absent, as on macOS and Windows (it publishes no wheels there): the blocker in
 # tests/no_triton/sitecustomize.py comes first on PYTHONPATH (test-no-triton).
 NO_TRITON := PYTHONPATH="$(CURDIR)/tests/no_triton$${PYTHONPATH:+:$$PYTHONPATH}"
+# The tests that drive a browser or a server (JupyterLab, Voila, papermill's report) run one at a
+# time: they time lessons on the machine's cores. The others run in TEST_JOBS processes (pytest-xdist;
+# a core each, at most 4, none on one core) and on a GPU machine in one, whose tests time kernels on its one GPU.
+SERIAL_TESTS := tests/test_app.py tests/test_browser.py tests/test_make_lab.py tests/test_report.py
+TEST_JOBS ?= $(shell if nvidia-smi >/dev/null 2>&1; then echo 0; \
+                     else $(PY) -c 'import os; n = min(os.cpu_count() or 1, 4); print(n if n > 1 else 0)'; fi)
 
 # A token for lab/app: the caller's JUPYTER_TOKEN, else a fresh random one (never empty).
 TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))')}"
@@ -86,14 +92,15 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	  echo "nbstripout --verify notebooks/*.ipynb"; \
 	  $(VENV)/bin/nbstripout --verify $(NOTEBOOKS) || { echo "test: notebooks are not stripped (outputs or metadata); run 'make strip'" >&2; exit 1; }; \
 	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
-	$(PY) -m pytest tests --ignore=tests/test_no_triton.py
+	$(PY) -m pytest tests -n $(TEST_JOBS) --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
+	$(PY) -m pytest $(SERIAL_TESTS)
 	LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache $(MAKE) gpu-compile TARGETS=sm_90a
 	@if [ -z "$(NOTEBOOKS)" ]; then echo "test: no notebooks yet; skipping pytest --nbval-lax"; \
 	elif nvidia-smi >/dev/null 2>&1; then \
 	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks (the GPU path)"; \
 	  LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
 	fi
-	$(MAKE) test-no-triton
+	$(MAKE) test-no-triton TEST_JOBS=$(TEST_JOBS)
 	$(MAKE) gpu-check OUT=build/gpu-check-dry DRY=1
 
 # The CPU path as on a Mac or a Windows laptop, where Triton has no wheels: NO_TRITON makes `import
@@ -111,7 +118,7 @@ test-no-triton: venv ## The CPU path with Triton absent, as on macOS and Windows
 	  fi; \
 	fi; \
 	echo "without Triton: pytest tests/test_no_triton.py"; \
-	$(PY) -m pytest tests/test_no_triton.py
+	TEST_JOBS=$(TEST_JOBS) $(PY) -m pytest tests/test_no_triton.py
 
 # A GPU image may have torch/triton/numpy but no venv and no Jupyter: then the system python3
 # runs it (`-m` from the repo root finds labkit without installing it).

@@ -79,11 +79,12 @@ def test_the_gpu_check_and_the_compile_check_say_they_are_skipped(tmp_path):
 @pytest.mark.slow
 def test_the_cpu_tests_pass_and_name_what_they_skip():
     """The suite beside this file (the browser and notebook-running tests are left to `make test`),
-    in one process without Triton: it passes, and every test that needs Triton is skipped with the
+    without Triton (in TEST_JOBS processes where `make test` passes them): it passes, and every test that needs Triton is skipped with the
     reason, never failed with a traceback."""
     ignored = [arg for name in NOT_HERE for arg in ("--ignore", f"tests/{name}")]
+    jobs = os.environ.get("TEST_JOBS", "0")  # `make test` passes its TEST_JOBS (pytest-xdist's -n)
     done = without_triton([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "not browser",
-                           *ignored, "tests"], timeout=900)
+                           *(["-n", jobs] if jobs != "0" else []), *ignored, "tests"], timeout=900)
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, f"the CPU tests failed without Triton: {summary}\n{done.stdout[-6000:]}"
     for name in ("test_kernels_matmul", "test_kernels_flash_attention", "test_kernels_decode_attention",
