@@ -112,7 +112,8 @@ def reveal_stall(estimate: float, run, device: str | None = None) -> dict:
 
 def reveal_decode_heaviest(estimate: str, serve, titles: list[str], gpu: str = "H100-SXM") -> dict:
     """Lesson 07: which shape spends the largest share of its time in decode — on a GPU preset by
-    the formula, and measured here (`serve()`: `serving.serve_shapes` with its shapes bound)."""
+    the formula, and measured here (`serve()`: the shapes' `serving.serve_shapes` results; lesson 07
+    passes its `serving.SharedServing`, so the answer and the chart show the same runs)."""
     predicted = explore.predicted_split(get_model("llama-3.1-8b"), get_gpu(gpu), workloads.CHAPTER_BATCH)
     results = serve()
     measured = explore.split_extremes(explore.measured_split(results, titles))
