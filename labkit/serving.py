@@ -113,3 +113,27 @@ def serve_shapes(model: str, shapes: list[dict], device: str | None = None, prog
              "prefill_spread": timings["prefill"].spread, "decode_spread": timings["decode"].spread,
              "noisy": timings["prefill"].noisy or timings["decode"].noisy}
             for served, timings, runs in zip(last, every, decode_runs)]
+
+
+class SharedServing:
+    """One serving of the shapes that several readers of a lesson share (lesson 07: the answer to
+    its question and its chart), so they show the same runs and the learner waits once (10-20 s on
+    2 cores), not once per reader. A reader gets the latest serving unless it has already shown
+    it; then the shapes are served afresh, so running a cell again always measures again."""
+
+    def __init__(self, model: str, shapes: list[dict], device: str | None = None, batch: int = 1):
+        self.model, self.shapes, self.device, self.batch = model, shapes, device, batch
+        self.servings = 0  # how many times the shapes were served
+        self._results: list[dict] | None = None
+        self._seen: dict[str, int] = {}  # reader -> the serving it last got
+
+    def read(self, reader: str, progress=None) -> list[dict]:
+        """`serve_shapes`' results for `reader`: the latest serving, or a new one if `reader`
+        has had the latest already (or there is none). progress(done, total) as in serve_shapes."""
+        if self._results is None or self._seen.get(reader) == self.servings:
+            self._results = serve_shapes(self.model, self.shapes, self.device, progress, self.batch)
+            self.servings += 1
+        elif progress:
+            progress(len(self.shapes), len(self.shapes))
+        self._seen[reader] = self.servings
+        return self._results

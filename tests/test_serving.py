@@ -70,3 +70,25 @@ def test_shapes_served_in_turns_share_a_slow_spell(monkeypatch):
     assert not first["noisy"] and not second["noisy"] and first["itl_s"] == pytest.approx(0.1 / 9)
     assert first["decode_runs"] == 2 * first["runs"]  # the warm-up request's decodes are not counted
     assert done[-1] == (2, 2) and all(d <= t == 2 for d, t in done)
+
+
+def test_shared_serving_serves_once_for_two_readers_and_again_for_a_reader_that_asks_twice(monkeypatch):
+    """Lesson 07's reveal and chart read one serving (the same runs, one wait); a reader that asks
+    a second time (a cell run again) gets a new serving, which the other reader then shows."""
+    calls = []
+
+    def served(model, shapes, device, progress, batch):
+        calls.append((model, len(shapes), device, batch))
+        if progress:
+            progress(len(shapes), len(shapes))
+        return [{"serving": len(calls)}]
+
+    monkeypatch.setattr(serving, "serve_shapes", served)
+    shared = serving.SharedServing("lab-tiny", [{"prompt_tokens": 8, "output_tokens": 2}], "cpu")
+    done = []
+    assert shared.read("reveal") == [{"serving": 1}]
+    assert shared.read("chart", lambda d, t: done.append((d, t))) == [{"serving": 1}]  # the reveal's runs
+    assert done == [(1, 1)] and shared.servings == 1  # the bar completes at once
+    assert shared.read("chart") == [{"serving": 2}]  # run again: measured again
+    assert shared.read("reveal") == [{"serving": 2}]  # and the answer follows the chart's new runs
+    assert calls == [("lab-tiny", 1, "cpu", 1)] * 2
