@@ -17,33 +17,15 @@ from .errors import LabError
 
 # Shapes are served in turns until every shape's fastest prefill and fastest decode are each
 # confirmed by a second run (`timing.sample_in_turns`), each shape in about SHAPE_BUDGET_S of its
-# own time, at most SHAPE_MAX_BUDGET_S and SHAPE_MAX_RUNS requests. A short shape reaches its
-# request limit long before its time limit: at 30, chat (~65 ms a request on the 2-core EPYC VM) was
-# left unconfirmed, and out of lesson 07's sentence, in 2-3 of 8 servings beside a browser-like load
-# and in 2 of 9 browser runs of the lesson (a lone fast decode, the memory's fast speed caught once);
-# at 60, in none of 8 servings beside the same load, which took as long as before (15-23 s).
-SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, SHAPE_MAX_RUNS = 4.0, 10.0, 60
-# Each request decodes its answer up to this many times (`serve_request`'s max_decode_runs). The
-# long document's prompt is most of its time (on the 2-core EPYC VM a 7,500-token prefill of ~0.65 s,
-# then 100 decode steps of 0.15-0.25 s: this VM's memory runs at two speeds, changing within
-# seconds), so in its budget it was served only 3-8 times, and its fastest decode came from fewer
-# moments than the short shapes' dozens. Eight servings with a browser-like load beside them (one
-# core busy 0.4 s in every 1.4): its prefill share ranged 0.69-0.84 with one decode a request,
-# 0.77-0.87 with up to four, and its gap to code completion -0.09..+0.10 against -0.01..+0.06.
-DECODE_MAX_RUNS = 4
+# own time, at most SHAPE_MAX_BUDGET_S.
+SHAPE_BUDGET_S, SHAPE_MAX_BUDGET_S, SHAPE_MAX_RUNS = 4.0, 10.0, 30
 
 
 def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int = 1,
-                  device: str | None = None, seed: int = 0, max_decode_runs: int = 1) -> dict:
+                  device: str | None = None, seed: int = 0) -> dict:
     """Serve `batch` identical-shape requests in lock-step; return the measured split (keys
-    carry units): prefill_s, decode_s, their shares, ttft_s and the mean itl_s.
-
-    With max_decode_runs > 1 the answer is decoded again from the same prefilled cache (its
-    lengths set back to the prompt's, so every run writes and reads what the first did) while the
-    decode runs so far took less time in all than the prefill, up to max_decode_runs runs:
-    decode_s is the fastest of them, decode_runs how many there were."""
-    for name, value in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens), ("batch", batch),
-                        ("max_decode_runs", max_decode_runs)):
+    carry units): prefill_s, decode_s, their shares, ttft_s and the mean itl_s."""
+    for name, value in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens), ("batch", batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise LabError(f"{name} must be a positive integer, got {value!r}")
     built = sweeps.get_built_model(model, device)
@@ -55,21 +37,14 @@ def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int
     start = time.perf_counter()
     logits = built.prefill(prompt)
     backend.synchronize(kind)
-    prefill_s = time.perf_counter() - start
-    first = logits.argmax(-1)  # [batch]: the first answer token, fed to every decode run
-    decodes_s: list[float] = []
-    while not decodes_s or (output_tokens > 1 and len(decodes_s) < max_decode_runs and sum(decodes_s) < prefill_s):
-        if decodes_s:
-            built.cache.set_lengths(prompt_tokens)  # back to the prompt: the run overwrites the answer
-        backend.synchronize(kind)
-        began, tokens = time.perf_counter(), first
-        for _ in range(output_tokens - 1):
-            tokens = built.decode_step(tokens).argmax(-1)
-        backend.synchronize(kind)
-        decodes_s.append(time.perf_counter() - began)
+    prefilled = time.perf_counter()
+    for _ in range(output_tokens - 1):
+        logits = built.decode_step(logits.argmax(-1))
+    backend.synchronize(kind)
+    decoded = time.perf_counter()
     return {"model": built.spec.name, "device": kind, "device_name": backend.device_name(kind),
             "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "batch": batch,
-            "decode_runs": len(decodes_s), **time_split(prefill_s, min(decodes_s), output_tokens)}
+            **time_split(prefilled - start, decoded - prefilled, output_tokens)}
 
 
 def time_split(prefill_s: float, decode_s: float, output_tokens: int) -> dict:
@@ -87,20 +62,14 @@ def serve_shapes(model: str, shapes: list[dict], device: str | None = None, prog
     (`timing.sample_in_turns`): one request of each shape a round, so a slow spell of the
     machine lands on every shape alike and cannot reorder them. A learner's browser and
     JupyterLab share a laptop's cores with the lab, and their bursts only ever add time, so each
-    split is computed from the fastest of each phase; a request decodes its answer up to
-    DECODE_MAX_RUNS times (while its decodes take less than its prefill), so a long prompt's
-    short answer is timed at as many moments as its prompt allows. Per shape, `serve_request`'s
-    keys plus runs (requests timed), decode_runs (their decodes), spreads and `noisy` (a phase
-    whose fastest no second call confirmed). progress(done,
+    split is computed from the fastest of each phase. Per shape, `serve_request`'s keys plus runs,
+    spreads and `noisy` (a phase whose fastest run no second run confirmed). progress(done,
     total) after each round: the shapes confirmed so far."""
     last: list[dict] = [{} for _ in shapes]
-    decode_runs: list[list[int]] = [[] for _ in shapes]  # per request; the first is sample_in_turns' warm-up
 
     def sampler(i: int, shape: dict):
         def sample():
-            last[i] = serve_request(model, shape["prompt_tokens"], shape["output_tokens"], batch, device,
-                                    max_decode_runs=DECODE_MAX_RUNS)
-            decode_runs[i].append(last[i]["decode_runs"])
+            last[i] = serve_request(model, shape["prompt_tokens"], shape["output_tokens"], batch, device)
             return {"prefill": last[i]["prefill_s"], "decode": last[i]["decode_s"]}
         return sample
 
@@ -113,15 +82,14 @@ def serve_shapes(model: str, shapes: list[dict], device: str | None = None, prog
         progress(len(shapes), len(shapes))
     return [{**served,
              **time_split(timings["prefill"].estimate_s, timings["decode"].estimate_s, served["output_tokens"]),
-             "runs": len(timings["prefill"].samples_s), "decode_runs": sum(runs[1:]),
-             "prefill_spread": timings["prefill"].spread, "decode_spread": timings["decode"].spread,
-             "noisy": timings["prefill"].noisy or timings["decode"].noisy}
-            for served, timings, runs in zip(last, every, decode_runs)]
+             "runs": len(timings["prefill"].samples_s), "prefill_spread": timings["prefill"].spread,
+             "decode_spread": timings["decode"].spread, "noisy": timings["prefill"].noisy or timings["decode"].noisy}
+            for served, timings in zip(last, every)]
 
 
 class SharedServing:
     """One serving of the shapes that several readers of a lesson share (lesson 07: the answer to
-    its question and its chart), so they show the same runs and the learner waits once (10-20 s on
+    its question and its chart), so they show the same runs and the learner waits once (~10 s on
     2 cores), not once per reader. A reader gets the latest serving unless it has already shown
     it; then the shapes are served afresh, so running a cell again always measures again."""
 

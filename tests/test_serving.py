@@ -13,29 +13,8 @@ def test_a_request_is_one_prefill_then_n_minus_one_decode_steps():
 
 
 def test_a_one_token_answer_has_no_decode_steps():
-    out = serving.serve_request("lab-tiny", 32, 1, batch=2, device="cpu", max_decode_runs=4)
+    out = serving.serve_request("lab-tiny", 32, 1, batch=2, device="cpu")
     assert out["itl_s"] is None and out["decode_s"] < out["prefill_s"] + 0.05
-    assert out["decode_runs"] == 1  # nothing to decode again
-
-
-def test_an_answer_decoded_again_starts_each_time_from_the_prompt(monkeypatch):
-    """Each decode run goes back to the prompt's cache (its length P) and feeds the same first
-    token, so every run computes the same answer over the same positions; the decodes stop once
-    they took as long as the prefill, or at max_decode_runs."""
-    from labkit import model as model_module, sweeps
-    steps = []
-    step = model_module.Llama.decode_step
-
-    def recorded(self, tokens, cache=None):
-        steps.append((self.cache.host_lengths[0], tokens.tolist()))
-        return step(self, tokens, cache)
-
-    monkeypatch.setattr(model_module.Llama, "decode_step", recorded)
-    out = serving.serve_request("lab-tiny", 256, 4, device="cpu", max_decode_runs=3)
-    runs = [steps[i:i + 3] for i in range(0, len(steps), 3)]
-    assert 1 <= out["decode_runs"] == len(runs) <= 3 and len(steps) == 3 * out["decode_runs"]
-    assert [length for length, _ in runs[0]] == [256, 257, 258] and all(run == runs[0] for run in runs)
-    assert sweeps.get_built_model("lab-tiny", "cpu").cache.host_lengths == [256 + 3]
 
 
 @pytest.mark.parametrize("bad", [dict(prompt_tokens=0), dict(output_tokens=-1), dict(batch=1.5)])
@@ -53,13 +32,12 @@ def test_shapes_served_in_turns_share_a_slow_spell(monkeypatch):
     clock = {"now": 0.0, "requests": 0}
     monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["now"])
 
-    def served(model, prompt_tokens, output_tokens, batch, device, max_decode_runs):
+    def served(model, prompt_tokens, output_tokens, batch, device):
         decode_s = 0.1 * (2 if clock["requests"] < 6 else 1)
         clock["requests"] += 1
         clock["now"] += 0.1 + decode_s
         return {"model": model, "device": "cpu", "device_name": "a CPU", "prompt_tokens": prompt_tokens,
-                "output_tokens": output_tokens, "batch": batch, "prefill_s": 0.1, "decode_s": decode_s,
-                "decode_runs": 2}
+                "output_tokens": output_tokens, "batch": batch, "prefill_s": 0.1, "decode_s": decode_s}
 
     monkeypatch.setattr(serving, "serve_request", served)
     done = []
@@ -68,7 +46,6 @@ def test_shapes_served_in_turns_share_a_slow_spell(monkeypatch):
     assert first["decode_s"] == second["decode_s"] == pytest.approx(0.1)
     assert first["prefill_share"] == second["prefill_share"] == pytest.approx(0.5)
     assert not first["noisy"] and not second["noisy"] and first["itl_s"] == pytest.approx(0.1 / 9)
-    assert first["decode_runs"] == 2 * first["runs"]  # the warm-up request's decodes are not counted
     assert done[-1] == (2, 2) and all(d <= t == 2 for d, t in done)
 
 
