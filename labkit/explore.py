@@ -616,6 +616,10 @@ def measured_split(results: list[dict], titles: list[str]) -> dict:
     return {"titles": [f"{t} (noisy)" if n else t for t, n in zip(titles, noisy)], "names": list(titles),
             "noisy": noisy,
             "prefill_pct": [100 * x["prefill_share"] for x in results],
+            # where each share may lie, fastest to second-fastest call of each phase (serving.share_range)
+            "prefill_pct_range": [tuple(100 * v for v in x.get("prefill_share_range",
+                                                                 (0.0, 1.0) if x.get("noisy") else (x["prefill_share"],) * 2))
+                                  for x in results],
             "decode_pct": [100 * x["decode_share"] for x in results],
             "prefill_s": [x["prefill_s"] for x in results], "decode_s": [x["decode_s"] for x in results],
             "shapes": [f"{x['prompt_tokens']:,} / {x['output_tokens']:,}" for x in results],
@@ -624,12 +628,25 @@ def measured_split(results: list[dict], titles: list[str]) -> dict:
 
 def split_extremes(split: dict) -> dict:
     """The shapes that lean furthest towards decode and towards prefill (lowest and highest
-    prefill share), among the shapes not flagged noisy; None where no shape is clean, the clean
-    shapes' names from most decode-heavy to most prefill-heavy, and the noisy ones' names."""
-    shapes = list(zip(split["prefill_pct"], split.get("names", split["titles"]),
-                      split.get("noisy", [False] * len(split["titles"]))))
-    rows = sorted((pct, name) for pct, name, noisy in shapes if not noisy)
-    noisy_names = [name for _, name, noisy in shapes if noisy]
+    prefill share), among the ranked shapes; None where none is ranked, the ranked shapes' names
+    from most decode-heavy to most prefill-heavy, and the names left out. A shape is ranked unless
+    it is flagged noisy and its share's range (`prefill_pct_range`, from the fastest to the second
+    fastest call of each phase) meets another shape's range: an unconfirmed chat whose whole range
+    lies far below every other shape's still leans furthest towards decode."""
+    names = split.get("names", split["titles"])
+    noisy = split.get("noisy", [False] * len(names))
+    # Without ranges a noisy shape could lie anywhere, a confirmed one where it was measured.
+    ranges = split.get("prefill_pct_range", [(0.0, 100.0) if flag else (pct, pct)
+                                             for pct, flag in zip(split["prefill_pct"], noisy)])
+
+    def placed(i: int) -> bool:  # its place in the order holds anywhere in its range
+        (low, high) = ranges[i]
+        return all(high < other_low or other_high < low for j, (other_low, other_high) in enumerate(ranges) if j != i)
+
+    shapes = [(pct, name, flag and not placed(i))
+              for i, (pct, name, flag) in enumerate(zip(split["prefill_pct"], names, noisy))]
+    rows = sorted((pct, name) for pct, name, left_out in shapes if not left_out)
+    noisy_names = [name for _, name, left_out in shapes if left_out]
     return {"decode_heaviest": rows[0][1] if rows else None, "prefill_heaviest": rows[-1][1] if rows else None,
             "order": [name for _, name in rows], "left_out": len(noisy_names), "left_out_names": noisy_names}
 

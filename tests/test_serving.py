@@ -46,7 +46,14 @@ def test_shapes_served_in_turns_share_a_slow_spell(monkeypatch):
     assert first["decode_s"] == second["decode_s"] == pytest.approx(0.1)
     assert first["prefill_share"] == second["prefill_share"] == pytest.approx(0.5)
     assert not first["noisy"] and not second["noisy"] and first["itl_s"] == pytest.approx(0.1 / 9)
+    assert first["prefill_share_range"] == pytest.approx((0.5, 0.5))  # fastest and second fastest agree
     assert done[-1] == (2, 2) and all(d <= t == 2 for d, t in done)
+
+
+def test_a_share_s_range_runs_from_fastest_to_second_fastest_calls():
+    low, high = serving.share_range([0.1, 0.3, 0.12], [0.5, 0.4, 0.9])
+    assert low == pytest.approx(0.1 / (0.1 + 0.5)) and high == pytest.approx(0.12 / (0.12 + 0.4))
+    assert serving.share_range([0.2], [0.2]) == (0.5, 0.5)  # one call: no range
 
 
 def test_shared_serving_serves_once_for_two_readers_and_again_for_a_reader_that_asks_twice(monkeypatch):

@@ -217,6 +217,21 @@ def test_split_extremes_skip_noisy_shapes():
                                                   "prefill: Classification (80% prefill) (1 noisy shape(s) left out).")
 
 
+def test_a_noisy_shape_is_ranked_when_its_whole_range_keeps_its_place():
+    """Unconfirmed, chat's share may lie anywhere from 15 to 18 %: below every other shape's range,
+    so it still leans furthest towards decode. An unconfirmed RAG whose range meets the agent
+    loop's is left out: the two could swap."""
+    split = {"titles": ["Chat (noisy)", "RAG (noisy)", "Agent", "Classification"],
+             "names": ["Chat", "RAG", "Agent", "Classification"], "noisy": [True, True, False, False],
+             "prefill_pct": [16.0, 50.0, 49.0, 84.0],
+             "prefill_pct_range": [(15.0, 18.0), (47.0, 56.0), (48.0, 51.0), (83.0, 86.0)]}
+    ends = explore.split_extremes(split)
+    assert ends["order"] == ["Chat", "Agent", "Classification"] and ends["left_out_names"] == ["RAG"]
+    assert explore.split_extremes_line(split).startswith("Furthest towards decode: Chat (16% prefill).")
+    split["prefill_pct_range"][0] = (15.0, 48.5)  # now it could pass the agent loop
+    assert explore.split_extremes(split)["left_out_names"] == ["Chat", "RAG"]
+
+
 def test_batches_through_ridge_measure_the_mark_or_leave_it_alone():
     assert explore.batches_through_ridge([1, 16, 64], 125.2, 256) == [1, 16, 64, 126, 189]
     assert explore.batches_through_ridge([1, 16, 64], 40.0, 256) == [1, 16, 64]  # already inside
