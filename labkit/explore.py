@@ -617,9 +617,8 @@ def measured_split(results: list[dict], titles: list[str]) -> dict:
             "noisy": noisy,
             "prefill_pct": [100 * x["prefill_share"] for x in results],
             # where each share may lie, fastest to second-fastest call of each phase (serving.share_range)
-            "prefill_pct_range": [tuple(100 * v for v in x.get("prefill_share_range",
-                                                                 (0.0, 1.0) if x.get("noisy") else (x["prefill_share"],) * 2))
-                                  for x in results],
+            "prefill_pct_range": [tuple(100 * v for v in x["prefill_share_range"]) if "prefill_share_range" in x
+                                  else None for x in results],
             "decode_pct": [100 * x["decode_share"] for x in results],
             "prefill_s": [x["prefill_s"] for x in results], "decode_s": [x["decode_s"] for x in results],
             "shapes": [f"{x['prompt_tokens']:,} / {x['output_tokens']:,}" for x in results],
@@ -635,9 +634,9 @@ def split_extremes(split: dict) -> dict:
     lies far below every other shape's still leans furthest towards decode."""
     names = split.get("names", split["titles"])
     noisy = split.get("noisy", [False] * len(names))
-    # Without ranges a noisy shape could lie anywhere, a confirmed one where it was measured.
-    ranges = split.get("prefill_pct_range", [(0.0, 100.0) if flag else (pct, pct)
-                                             for pct, flag in zip(split["prefill_pct"], noisy)])
+    # Without its range a noisy shape could lie anywhere, a confirmed one where it was measured.
+    ranges = [given or ((0.0, 100.0) if flag else (pct, pct)) for pct, flag, given in
+              zip(split["prefill_pct"], noisy, split.get("prefill_pct_range", [None] * len(names)))]
 
     def placed(i: int) -> bool:  # its place in the order holds anywhere in its range
         (low, high) = ranges[i]

@@ -84,20 +84,16 @@ def serve_shapes(model: str, shapes: list[dict], device: str | None = None, prog
              **time_split(timings["prefill"].estimate_s, timings["decode"].estimate_s, served["output_tokens"]),
              "runs": len(timings["prefill"].samples_s), "prefill_spread": timings["prefill"].spread,
              "decode_spread": timings["decode"].spread, "noisy": timings["prefill"].noisy or timings["decode"].noisy,
-             "prefill_share_range": share_range(timings["prefill"].samples_s, timings["decode"].samples_s)}
+             "prefill_share_range": share_range(timings["prefill"], timings["decode"])}
             for served, timings in zip(last, every)]
 
 
-def share_range(prefill_samples_s, decode_samples_s) -> tuple[float, float]:
+def share_range(prefill: timing.Timing, decode: timing.Timing) -> tuple[float, float]:
     """The prefill share if each phase took anywhere from its fastest call to its second fastest:
     where an unconfirmed fastest call (a moment faster than the rest: this VM's memory caught at its
     fast speed once) may put the share, and where a confirmed one does (within CONFIRM_TOLERANCE)."""
-    def two_fastest(samples_s) -> tuple[float, float]:
-        fastest = sorted(samples_s)[:2]
-        return fastest[0], fastest[-1]
-
-    (p1, p2), (d1, d2) = two_fastest(prefill_samples_s), two_fastest(decode_samples_s)
-    return p1 / (p1 + d2), p2 / (p2 + d1)
+    return (prefill.min_s / (prefill.min_s + decode.second_fastest_s),
+            prefill.second_fastest_s / (prefill.second_fastest_s + decode.min_s))
 
 
 class SharedServing:

@@ -79,8 +79,8 @@ def test_the_gpu_check_and_the_compile_check_say_they_are_skipped(tmp_path):
 @pytest.mark.slow
 def test_the_cpu_tests_pass_and_name_what_they_skip():
     """The suite beside this file (the browser and notebook-running tests are left to `make test`),
-    without Triton (in TEST_JOBS processes where `make test` passes them): it passes, and every test that needs Triton is skipped with the
-    reason, never failed with a traceback."""
+    without Triton (in TEST_JOBS processes where `make test` passes them): it passes, and every
+    test that needs Triton is skipped with the reason, never failed with a traceback."""
     ignored = [arg for name in NOT_HERE for arg in ("--ignore", f"tests/{name}")]
     jobs = os.environ.get("TEST_JOBS", "0")  # `make test` passes its TEST_JOBS (pytest-xdist's -n)
     done = without_triton([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "not browser",

@@ -51,9 +51,10 @@ def test_shapes_served_in_turns_share_a_slow_spell(monkeypatch):
 
 
 def test_a_share_s_range_runs_from_fastest_to_second_fastest_calls():
-    low, high = serving.share_range([0.1, 0.3, 0.12], [0.5, 0.4, 0.9])
+    from labkit.timing import Timing
+    low, high = serving.share_range(Timing((0.1, 0.3, 0.12)), Timing((0.5, 0.4, 0.9)))
     assert low == pytest.approx(0.1 / (0.1 + 0.5)) and high == pytest.approx(0.12 / (0.12 + 0.4))
-    assert serving.share_range([0.2], [0.2]) == (0.5, 0.5)  # one call: no range
+    assert serving.share_range(Timing((0.2,)), Timing((0.2,))) == (0.5, 0.5)  # one call: no range
 
 
 def test_shared_serving_serves_once_for_two_readers_and_again_for_a_reader_that_asks_twice(monkeypatch):
