@@ -20,8 +20,9 @@ TRITON_VENV := build/venv-triton$(TRITON)
 # tests/no_triton/sitecustomize.py comes first on PYTHONPATH (test-no-triton).
 NO_TRITON := PYTHONPATH="$(CURDIR)/tests/no_triton$${PYTHONPATH:+:$$PYTHONPATH}"
 # The tests that drive a browser or a server (JupyterLab, Voila, papermill's report) run one at a
-# time: they time lessons on the machine's cores. The others run in TEST_JOBS processes (pytest-xdist;
-# a core each, at most 4, none on one core) and on a GPU machine in one, whose tests time kernels on its one GPU.
+# time: they time lessons on the machine's cores, and so do the tests marked `timed` (a relation between
+# real timings). The others run in TEST_JOBS processes (pytest-xdist; a core each, at most 4, none on
+# one core) and on a GPU machine in one, whose tests time kernels on its one GPU.
 SERIAL_TESTS := tests/test_app.py tests/test_browser.py tests/test_make_lab.py tests/test_report.py
 TEST_JOBS ?= $(shell if nvidia-smi >/dev/null 2>&1; then echo 0; \
                      else $(PY) -c 'import os; n = min(os.cpu_count() or 1, 4); print(n if n > 1 else 0)'; fi)
@@ -92,7 +93,8 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	  echo "nbstripout --verify notebooks/*.ipynb"; \
 	  $(VENV)/bin/nbstripout --verify $(NOTEBOOKS) || { echo "test: notebooks are not stripped (outputs or metadata); run 'make strip'" >&2; exit 1; }; \
 	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
-	$(PY) -m pytest tests -n $(TEST_JOBS) --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
+	$(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
+	$(PY) -m pytest tests -m timed --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
 	$(PY) -m pytest $(SERIAL_TESTS)
 	LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache $(MAKE) gpu-compile TARGETS=sm_90a
 	@if [ -z "$(NOTEBOOKS)" ]; then echo "test: no notebooks yet; skipping pytest --nbval-lax"; \

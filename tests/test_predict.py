@@ -90,6 +90,7 @@ def test_the_decode_heaviest_reveal_names_the_shapes_it_could_not_rank():
 
 
 @pytest.mark.slow
+@pytest.mark.timed  # beside another test process its short-cache steps were slowed more: 0.41x
 def test_a_real_reveal_measures_this_machine():
     asked = predict.ask("context_slowdown", device="cpu")
     out = asked["reveal"](2.0)
