@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import backend, calibrate, sizes, sweeps
 from .errors import LabError
-from .recordings import write_recording
+from .recordings import check_writable, write_recording
 from .specs import get_model
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "data" / "recordings"
@@ -54,6 +54,7 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     if not (isinstance(rounds, int) and not isinstance(rounds, bool) and 1 <= rounds <= sizes.MAX_BENCH_ROUNDS):
         raise LabError(f"rounds must be an integer in 1..{sizes.MAX_BENCH_ROUNDS}, got {rounds!r}")
     log = log or (lambda line: None)
+    check_writable(out)  # a minute of measuring that could not be kept would be lost
     here = backend.choose_device(device)
     settings = sizes.lab_settings(here.device)
     spec = get_model(model or settings["model"])

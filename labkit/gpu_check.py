@@ -60,6 +60,7 @@ from . import gpu_sections
 from .cli_args import Parser, UsageError
 from .errors import LabError
 from .gpu_run import SECTIONS, Budget, Run, autotune_estimate, error_line, write_section
+from .recordings import check_writable
 from .sizes import GPU_CHECK_DRY, GPU_CHECK_FULL
 from .specs import preset_for_device_name
 
@@ -94,6 +95,7 @@ def parse_args(argv=None):
                          f"known: {','.join(SECTIONS)}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out!r} exists and is not a directory")
+    check_writable(args.out)  # before any section spends GPU time on what it could not keep
     args.sections, args.argv = tuple(s for s in SECTIONS if s in wanted), argv
     return args
 

@@ -110,6 +110,21 @@ def write_json_atomic(path: str | Path, obj) -> Path:
     return path
 
 
+def check_writable(directory: str | Path) -> Path:
+    """`directory`, created if missing, once a file could be written in it and removed again; else a
+    LabError that says why. Called before a run measures anything (`bench`, the GPU check), so an
+    unwritable folder costs a line, not a measured run that cannot be kept."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".tmp-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise LabError(f"cannot write recordings in {str(directory)!r}: {err.strerror or err}") from None
+    return directory
+
+
 def write_recording(directory: str | Path, name: str, payload: dict) -> Path:
     """Write {"provenance": ..., **payload} to directory/name.json, or name-2.json, name-3.json ...
     if taken: never overwrites, even with another process writing the same name at once.

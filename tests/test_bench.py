@@ -116,6 +116,14 @@ def test_rounds_out_of_range_are_refused(tmp_path, capsys):
     assert not list(tmp_path.iterdir())  # refused before anything ran or was written
 
 
+def test_an_unwritable_out_is_refused_before_anything_is_measured(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(calibrate, "load_or_calibrate", lambda *a, **k: pytest.fail("calibrated before checking --out"))
+    (tmp_path / "a-file").write_text("not a folder")
+    out = tmp_path / "a-file" / "recordings"
+    assert cli.main(["bench", "--device", "cpu", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"labkit: error: cannot write recordings in {str(out)!r}: Not a directory\n"
+
+
 def test_a_step_the_device_refuses_is_kept_with_why(tmp_path):
     too_long = [{"table": "prefill", "phase": "prefill", "prompt_tokens": 10**6}]
     _, payload = bench.run_bench("cpu", tmp_path, "lab-tiny", too_long)

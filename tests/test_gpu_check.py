@@ -204,6 +204,13 @@ def test_bad_arguments_exit_2_with_one_line(args, tmp_path):
     assert not list(tmp_path.glob("**/*.json"))
 
 
+def test_an_unwritable_out_is_refused_before_any_section_runs(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    done = gpu_check("--out", str(tmp_path / "a-file" / "recordings"), "--dry-run", timeout=60)
+    assert done.returncode == 2 and done.stdout == ""  # not even the dry run's autotuning line
+    assert done.stderr.strip() == f"gpu_check: error: cannot write recordings in {str(tmp_path / 'a-file' / 'recordings')!r}: Not a directory"
+
+
 @pytest.mark.triton
 def test_no_gpu_without_dry_run_exits_2(tmp_path):
     done = gpu_check("--out", str(tmp_path), CUDA_VISIBLE_DEVICES="", timeout=60)  # hides any GPU
