@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 from . import roofline, sizes
 from .cli_args import Parser, UsageError
@@ -431,8 +432,20 @@ def _add_measure_options(sub, bracket: bool = True):
     sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None):
+    """A labkit warning as the one line it is ("labkit: could not cache ..."), not Python's
+    "file:line: UserWarning:" followed by the line of labkit's source that raised it."""
+    print(message, file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; 0 on success, 2 on bad input (one line on stderr, no traceback)."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result = args.handler(args)

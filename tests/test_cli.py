@@ -114,6 +114,16 @@ def test_predict_on_this_machine_uses_its_calibrated_roofline(capsys):
     assert got["ridge_point_flops_per_byte"] == roofline.ridge_point_flops_per_byte(spec, "fp32")
 
 
+def test_a_warning_is_one_line_without_pythons_source_line(capsys, monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("LABKIT_CACHE_DIR", str(tmp_path / "a-file"))  # the calibration cannot be cached
+    assert cli.main(["predict", "decode", "--gpu", "this", "--model", "lab-cpu"]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "could not cache" in line]
+    assert len(warned) == 1 and warned[0].startswith("labkit: could not cache the calibration in ")
+    assert "UserWarning" not in err and "load_or_calibrate(" not in err
+
+
 def test_human_output_is_an_aligned_table_in_display_units(capsys):
     assert cli.main(["predict", "decode"]) == 0
     lines = capsys.readouterr().out.splitlines()
