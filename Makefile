@@ -143,6 +143,7 @@ bench: venv ## Measure issue 13's decode and prefill tables into data/recordings
 gpu-compile: venv ## Compile every kernel for sm_75/80/89/90a without a GPU (TARGETS=sm_90a: some; TRITON=3.6: that triton)
 	@set -e; py=$(PY); \
 	if [ -n "$(TRITON)" ]; then \
+	  case "$(TRITON)" in 3.[0-9]*) ;; *) echo "gpu-compile: error: TRITON=$(TRITON): the lab's kernels need triton 3 (checked with 3.6 and 3.9)" >&2; exit 2;; esac; \
 	  py=$(TRITON_VENV)/bin/python; \
 	  if ! $$py -c 'import torch, triton' >/dev/null 2>&1; then \
 	    echo "gpu-compile: making $(TRITON_VENV) with triton $(TRITON)"; \
@@ -172,7 +173,9 @@ report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") int
 # template without its CDN stylesheets and with the model method plotly's renderer calls; no
 # ?template= or ?theme= from the URL can swap it out.
 app: venv ## Serve NB (default notebooks/01_two_phases.ipynb) as a Voilà app on 127.0.0.1:PORT with a token
-	@$(TOKEN_SH); \
+	@case "$(NB)" in *.ipynb) ;; *) echo "app: error: NB=$(NB) is not a notebook (.ipynb); the lessons: $(NOTEBOOKS)" >&2; exit 2;; esac; \
+	if [ ! -f "$(NB)" ]; then echo "app: error: NB=$(NB): no such notebook; the lessons: $(NOTEBOOKS)" >&2; exit 2; fi; \
+	$(TOKEN_SH); \
 	echo "Voila: http://127.0.0.1:$(PORT)/?token=$$token"; \
 	JUPYTER_TOKEN="$$token" JUPYTER_PATH="$(CURDIR)/share/jupyter$${JUPYTER_PATH:+:$$JUPYTER_PATH}" \
 	  exec $(VENV)/bin/voila $(NB) --no-browser --Voila.ip=127.0.0.1 \

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+from importlib import metadata
 import os
 import platform
 import re
@@ -48,6 +49,7 @@ GIB = 2**30
 INTERPRET_VAR = "TRITON_INTERPRET"  # "1": Triton kernels run in its interpreter; read when triton is imported
 # What a skipped Triton part says where `import triton` fails, as on a Mac or a Windows laptop.
 TRITON_MISSING = "Triton is not installed (no wheels for this platform)"
+MIN_TRITON_MAJOR = 3
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,22 @@ def triton_installed() -> bool:
         return importlib.util.find_spec("triton") is not None
     except (ImportError, ValueError):  # a finder that refuses it; a stub in sys.modules without a spec
         return False
+
+
+def triton_too_old(version: str | None = None) -> str | None:
+    """Why the installed triton (or `version`) cannot run the lab's kernels, or None: they use
+    triton 3's APIs (checked with 3.6 and 3.9); triton 2's autotuner fails on importing them with a
+    KeyError, deep in its own code. Asked without importing triton; None if its version is unknown."""
+    if version is None:
+        try:
+            version = metadata.version("triton")
+        except metadata.PackageNotFoundError:
+            return None
+    major = re.match(r"(\d+)", version)
+    if major and int(major.group(1)) < MIN_TRITON_MAJOR:
+        return (f"triton {version} is too old for the lab's kernels: they need triton {MIN_TRITON_MAJOR} "
+                "(checked with 3.6 and 3.9)")
+    return None
 
 
 def triton_mode() -> str:

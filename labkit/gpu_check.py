@@ -116,10 +116,12 @@ def kernel_device(dry_run: bool) -> str | None:
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
-        from .backend import TRITON_MISSING, triton_installed  # torch loads here, after the arguments
+        from .backend import TRITON_MISSING, triton_installed, triton_too_old  # torch loads here, after the arguments
         if not triton_installed():  # macOS, Windows: every section runs the lab's Triton kernels
             print(f"gpu_check: skipped: {TRITON_MISSING}", flush=True)
             return 0 if args.dry_run else 2
+        if triton_too_old():
+            raise UsageError(triton_too_old())
         device = kernel_device(args.dry_run)
     except (UsageError, LabError) as err:
         print(f"gpu_check: error: {err}", file=sys.stderr)

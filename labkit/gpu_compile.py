@@ -418,10 +418,13 @@ def main(argv=None) -> int:
     except UsageError as err:
         print(f"gpu_compile: error: {err}", file=sys.stderr)
         return 2
-    from .backend import TRITON_MISSING, triton_installed  # torch loads here, after the arguments
+    from .backend import TRITON_MISSING, triton_installed, triton_too_old  # torch loads here, after the arguments
     if not triton_installed():  # macOS, Windows: nothing to compile with (ptxas comes in triton's wheel)
         print(f"gpu_compile: skipped: {TRITON_MISSING}", flush=True)
         return 0
+    if triton_too_old():
+        print(f"gpu_compile: error: {triton_too_old()}", file=sys.stderr)
+        return 2
     return run(args.targets, args.kernels, args.jobs)
 
 

@@ -174,3 +174,16 @@ def test_the_app_renders_the_lesson_and_every_slider_redraws_its_chart(app):
                 full_screenshot(page, SCREENSHOTS / f"app-{Path(notebook).stem}.png")
         finally:
             browser.close()
+
+
+@pytest.mark.parametrize("nb, why", [("notebooks/99_no_such_lesson.ipynb", "no such notebook"),
+                                     ("README.md", "is not a notebook (.ipynb)"), ("", "is not a notebook (.ipynb)")])
+def test_make_app_refuses_what_is_not_a_lesson_in_one_line(nb, why):
+    """Voilà itself answered a missing notebook with a traceback and served README.md as a page."""
+    import subprocess
+    done = subprocess.run(["make", "--no-print-directory", "-o", "venv", "app", f"NB={nb}", f"PORT={free_port()}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    error = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    assert len(error) == 1 and error[0].startswith(f"app: error: NB={nb}") and why in error[0], done.stderr
+    assert "notebooks/01_two_phases.ipynb" in error[0]  # it names the lessons there are

@@ -232,6 +232,18 @@ def test_without_triton_the_kernels_run_nowhere_and_say_why(monkeypatch, interpr
     assert backend.triton_installed() == here, "the answer follows the import system, not a cached value"
 
 
+@pytest.mark.parametrize("version, too_old", [("2.0.0", True), ("2.3.1+git5f3e2a", True), ("3.0.0", False),
+                                              ("3.6.0", False), ("3.9.0", False), ("4.1", False), ("dev", False)])
+def test_a_triton_before_3_is_named_too_old(version, too_old):
+    """Triton 2 fails on importing the kernels with a KeyError inside its autotuner; the GPU check
+    and the compile check say this line instead (exit 2). A version it cannot read is let through."""
+    problem = backend.triton_too_old(version)
+    assert (problem == f"triton {version} is too old for the lab's kernels: they need triton 3 (checked with 3.6 and "
+                       "3.9)") if too_old else problem is None
+    if backend.triton_installed():
+        assert backend.triton_too_old() is None  # the pinned triton
+
+
 # ------------------------------------------------------------------ a laptop's OS: no /proc (issue 16)
 VM_STAT = """Mach Virtual Memory Statistics: (page size of 16384 bytes)
 Pages free:                               12000.
