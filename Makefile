@@ -135,8 +135,8 @@ gpu-check: ## Check this machine's GPU against the lab into OUT (default build/g
 # A benchmark, not a test: real timings of issue 13's tables (decode B = 1, 4, 16, 32 at S = 1,024; each
 # cache dtype at B = 16, S = 4,096; prefill P = 1,024, 2,048, 4,096), each bracketed by bandwidth readings at
 # its working set, after a fresh calibration. Run it on an idle machine; it never overwrites a recording.
-bench: venv ## Measure issue 13's decode and prefill tables into data/recordings/bench-<device>.json (a few minutes)
-	$(PY) -m labkit bench --out data/recordings
+bench: venv ## Measure issue 13's decode and prefill tables into data/recordings/bench-<device>.json (OUT=dir: there; a few minutes)
+	$(PY) -m labkit bench --out $(if $(filter command line,$(origin OUT)),$(OUT),data/recordings)
 
 # No GPU needed: triton's wheel ships ptxas. TRITON=3.6: against triton 3.6 (the GPU image's) in a
 # side venv with the pinned CPU torch and numpy<2.4 (what triton 3.6's interpreter needs), made once.

@@ -135,21 +135,35 @@ def row(point: dict) -> dict:
 
 def ratios(points: list[dict]) -> dict:
     """Measured against predicted: tokens/s at B = 16 over B = 1 (S = 1,024), and each cache
-    dtype's step time over fp32's (B = 16, S = 4,096); None where a point is missing."""
+    dtype's step time over fp32's (B = 16, S = 4,096); absent where a point is missing.
+
+    "predicted" is the calibration's; "predicted_bracketed" each point's own moment's, from the
+    roofline times on their bracketed roofs (`sweeps.bracketed`), as the points' bracketed roof
+    fractions are judged. Why both: on a VM whose caches and memory change speed from minute to
+    minute, a calibration caught at a fast moment at 128-188 MiB and a slow one at 316 MiB
+    predicted bf16/fp32 0.44 where the steps' own moments gave 0.77 and the steps measured 0.76
+    (bench-cpu-29, 2-core EPYC VM)."""
     timed = [p for p in points if "time_s" in p]
     by_batch = {p["batch"]: p for p in timed if p["table"] == "decode_batch"}
     by_dtype = {p["cache_dtype"]: p for p in timed if p["table"] == "cache_dtype"}
     result = {}
-    if 1 in by_batch and 16 in by_batch:
-        one, sixteen = by_batch[1], by_batch[16]
-        result["tokens_per_s_b16_over_b1"] = {
-            "measured": sixteen["tokens_per_s"] / one["tokens_per_s"],
-            "predicted": (16 / sixteen["predicted_time_s"]) / (1 / one["predicted_time_s"])}
+    if 1 in by_batch and 16 in by_batch:  # tokens/s: B over the step time
+        result["tokens_per_s_b16_over_b1"] = _ratio(by_batch[16], by_batch[1], "tokens_per_s", lambda p, t: p["batch"] / t)
     base = by_dtype.get("fp32")
     for dtype, point in by_dtype.items():
         if base is not None and dtype != "fp32":
-            result[f"step_{dtype}_over_fp32"] = {"measured": point["time_s"] / base["time_s"],
-                                                 "predicted": point["predicted_time_s"] / base["predicted_time_s"]}
+            result[f"step_{dtype}_over_fp32"] = _ratio(point, base, "time_s", lambda p, t: t)
+    return result
+
+
+def _ratio(top: dict, bottom: dict, measured: str, of_time) -> dict:
+    """`top` over `bottom`: measured (their `measured` key), and predicted from each point's
+    predicted time t through `of_time(point, t)` (the calibration's, and where both were bracketed,
+    their moments')."""
+    result = {"measured": top[measured] / bottom[measured]}
+    for name, key in (("predicted", "predicted_time_s"), ("predicted_bracketed", "bracketed_predicted_time_s")):
+        if key in top and key in bottom:
+            result[name] = of_time(top, top[key]) / of_time(bottom, bottom[key])
     return result
 
 

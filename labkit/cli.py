@@ -348,7 +348,10 @@ def _print_human(command: str, result: dict):
             shown = [c for c in columns if any(c in r for r in rows)]
             _print_rows([{c: r.get(c) for c in shown} for r in rows], shown)
         for name, ratio in result["ratios"].items():
-            print(f"{name.replace('_', ' ')}: measured {ratio['measured']:.2f}, predicted {ratio['predicted']:.2f}")
+            moment = (f", {ratio['predicted_bracketed']:.2f} on the points' bracketed roofs"
+                      if "predicted_bracketed" in ratio else "")
+            print(f"{name.replace('_', ' ')}: measured {ratio['measured']:.2f}, predicted {ratio['predicted']:.2f} "
+                  f"on the calibration{moment}")
         print(f"recording: {result['recording']}")
     elif command == "breakdown":
         _print_rows(result["categories"], ["name", "time_s", "share", "roof_time_s", "roof_fraction", "flops",

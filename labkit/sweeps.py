@@ -192,10 +192,11 @@ def bracketed(measure_point, device: str, working_set_bytes: int | None = None) 
     """measure_point() (a point of `measure_prefill`/`measure_decode`) between two readings of
     the bandwidth roof at `working_set_bytes` (`calibrate.bandwidth_now`; give the point's own,
     from `decode_working_set_bytes`/`prefill_working_set_bytes`, or the memory's is read), with
-    three keys added: both readings, and bracketed_roof_fraction, the roof fraction with the
-    faster reading as the bandwidth (the best rate seen is the roof; the FLOP peak stays the
-    calibration's). On a shared machine it says how close a point came to the roof of its own
-    moment and tier; roof_fraction, against the calibration, moves with the neighbours' load."""
+    four keys added: both readings; bracketed_roof_fraction, the roof fraction with the faster
+    reading as the bandwidth (the best rate seen is the roof; the FLOP peak stays the
+    calibration's); and bracketed_predicted_time_s, the roofline's time on that roof. On a shared
+    machine they say how close a point came to the roof of its own moment and tier; roof_fraction
+    and predicted_time_s, against the calibration, move with the neighbours' load."""
     before = calibrate.bandwidth_now(device, working_set_bytes)
     point = measure_point()
     after = calibrate.bandwidth_now(device, working_set_bytes)
@@ -203,7 +204,9 @@ def bracketed(measure_point, device: str, working_set_bytes: int | None = None) 
     now = dataclasses.replace(hardware, memory_bandwidth_bytes_per_s=max(before, after))
     fraction = measure.roof_fraction(point["flops"], point["bytes"], point["time_s"], now, point["compute_dtype"])
     point.update(bandwidth_before_bytes_per_s=before, bandwidth_after_bytes_per_s=after,
-                 bracketed_roof_fraction=fraction)
+                 bracketed_roof_fraction=fraction,
+                 bracketed_predicted_time_s=roofline.roofline_time_s(point["flops"], point["bytes"], now,
+                                                                     point["compute_dtype"]))
     return point
 
 

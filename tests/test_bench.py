@@ -63,6 +63,12 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     b1, b16 = saved["tables"]["decode_batch"]
     assert gain["measured"] == pytest.approx(b16["tokens_per_s"] / b1["tokens_per_s"])
     assert gain["predicted"] == pytest.approx(16 * b1["predicted_time_s"] / b16["predicted_time_s"])
+    b1, b16 = (next(p for p in saved["points"] if p["step"] == i and p["time_s"] == row["time_s"]) for i, row in
+               enumerate((b1, b16)))  # each row's point: its roofline time on its own bracketed roof
+    assert gain["predicted_bracketed"] == pytest.approx(16 * b1["bracketed_predicted_time_s"]
+                                                        / b16["bracketed_predicted_time_s"])
+    dtype = saved["ratios"]["step_int8_over_fp32"]
+    assert set(dtype) == {"measured", "predicted", "predicted_bracketed"} and all(v > 0 for v in dtype.values())
     calibration = saved["calibration"]
     assert calibration["cache_status"].startswith("measured (refresh asked for)")
     assert len(calibration["bandwidth_by_working_set"]) >= 6 and "samples_s" not in json.dumps(calibration)

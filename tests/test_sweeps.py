@@ -155,10 +155,12 @@ def test_bracketed_judges_a_point_against_the_bandwidth_of_its_moment(fake_roof,
     assert order == [("bandwidth", 10**8), "point", ("bandwidth", 10**8)]
     assert got["bandwidth_before_bytes_per_s"] == 12e9 and got["bandwidth_after_bytes_per_s"] == 15e9
     assert got["bracketed_roof_fraction"] == pytest.approx(1e8 / 0.02 / 15e9)  # 5 GB/s of 15
+    assert got["bracketed_predicted_time_s"] == pytest.approx(1e8 / 15e9)  # the roofline's time on that roof
     assert got["roof_fraction"] == 0.5  # the calibration's fraction is kept beside it
     monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: 30e9)
     compute_bound = dict(point, flops=1e12, time_s=20.0)  # 1e12 FLOP at FAKE_ROOF's 100 GFLOP/s: 10 s
-    assert sweeps.bracketed(lambda: dict(compute_bound), "cpu")["bracketed_roof_fraction"] == pytest.approx(0.5)
+    got = sweeps.bracketed(lambda: dict(compute_bound), "cpu")
+    assert got["bracketed_roof_fraction"] == pytest.approx(0.5) and got["bracketed_predicted_time_s"] == pytest.approx(10)
 
 
 def test_a_cache_dtype_the_cpu_does_not_offer_is_refused_before_anything_is_allocated(fake_roof, monkeypatch):
