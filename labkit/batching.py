@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import roofline as r
-from .errors import LabError
+from .errors import LabError, whole_number
 from .roofline import CHAPTER, CHAPTER_BANDWIDTH_EFFICIENCY, CHAPTER_MFU, Counting
 from .specs import HardwareSpec, ModelSpec
 
@@ -228,9 +228,7 @@ def _requests(requests):
 
 
 def _check_max_batch(max_batch) -> int:
-    if not isinstance(max_batch, (int, np.integer)) or isinstance(max_batch, bool) or max_batch < 1:
-        raise LabError(f"max_batch must be a positive integer, got {max_batch!r}")
-    return int(max_batch)
+    return whole_number("max_batch", max_batch)
 
 
 def _times(fn, *args) -> np.ndarray:

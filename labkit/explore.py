@@ -10,6 +10,7 @@ import math
 
 from . import batching, workloads
 from . import roofline as r
+from .errors import whole_number
 from .specs import HardwareSpec, ModelSpec
 from .units import format_seconds
 
@@ -180,6 +181,8 @@ def roofline_curve(hardware: HardwareSpec, dtype: str = "bf16", low: float = 0.1
 def phase_points(model: ModelSpec, hardware: HardwareSpec, prompt_tokens: int, batch: int,
                  context_tokens: int = 0, dtype: str = "bf16", counting: r.Counting = r.CHAPTER) -> list[dict]:
     """Prefill (one prompt) and decode (one step of `batch` sequences) placed on the roofline."""
+    prompt_tokens, batch = whole_number("prompt tokens", prompt_tokens), whole_number("batch", batch)
+    context_tokens = whole_number("context tokens", context_tokens, low=0)
     prefill = r.prefill_intensity_flops_per_byte(model, prompt_tokens, 1, counting, dtype)
     decode = r.decode_intensity_flops_per_byte(model, batch, context_tokens, counting, dtype,
                                                dtype if dtype in r.CACHE_DTYPES else "bf16")

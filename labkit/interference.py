@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import backend, sweeps
-from .errors import LabError
+from .errors import LabError, whole_number
 
 BEFORE_STEPS = 4  # decode steps before the prompt arrives: the streams' undisturbed ITL
 AFTER_STEPS = 3  # decode steps after its prefill is done
@@ -148,7 +148,6 @@ class _Clock:
 
 def _check(streams, context_tokens, prompt_tokens, chunk_tokens):
     for name, value in (("streams", streams), ("context_tokens", context_tokens), ("prompt_tokens", prompt_tokens)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LabError(f"{name} must be a positive integer, got {value!r}")
+        whole_number(name, value)
     if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
         raise LabError(f"chunk_tokens must be a positive integer or None, got {chunk_tokens!r}")

@@ -13,7 +13,7 @@ import time
 import torch
 
 from . import backend, sweeps, timing
-from .errors import LabError
+from .errors import whole_number
 
 # Shapes are served in turns until every shape's fastest prefill and fastest decode are each
 # confirmed by a second run (`timing.sample_in_turns`), each shape in about SHAPE_BUDGET_S of its
@@ -26,8 +26,7 @@ def serve_request(model: str, prompt_tokens: int, output_tokens: int, batch: int
     """Serve `batch` identical-shape requests in lock-step; return the measured split (keys
     carry units): prefill_s, decode_s, their shares, ttft_s and the mean itl_s."""
     for name, value in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens), ("batch", batch)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LabError(f"{name} must be a positive integer, got {value!r}")
+        whole_number(name, value)
     built = sweeps.get_built_model(model, device)
     kind = built.device.type
     built.setup_cache(batch, prompt_tokens + output_tokens, built.compute_dtype, prompt_tokens)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import LabError
+from .errors import LabError, whole_number
 
 HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 QUANTILES = (0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
@@ -179,8 +179,7 @@ def sample_requests(summary: dict, n: int, seed: int = 0) -> Trace:
     """`n` synthetic requests drawn from a summary's histograms: a bin by its count, then a whole
     length log-uniformly inside the bin. Prompt and output lengths are drawn independently (the
     pairing is lost); arrivals are a Poisson process at the summary's arrival rate."""
-    if not isinstance(n, int) or n < 1:
-        raise LabError(f"n must be a positive integer, got {n!r}")
+    whole_number("n", n)
     rng = np.random.default_rng(seed)
     prompts = _draw_lengths(rng, summary["prompt_tokens"]["histogram"], n)
     outputs = _draw_lengths(rng, summary["output_tokens"]["histogram"], n)
@@ -209,6 +208,7 @@ def first_or_sampled(trace_dir, name: str, n: int, seed: int = 0):
     """The first `n` requests of the Azure trace CSV `name` ("conv" | "code") under `trace_dir`,
     or, when that file is not there, `n` requests drawn from the committed summary's histograms.
     Returns (Trace, a sentence saying which)."""
+    whole_number("the number of requests", n)  # a negative n would slice all but the last -n
     path = Path(trace_dir) / f"AzureLLMInferenceTrace_{name}.csv"
     if path.is_file():
         trace = load_trace(path)

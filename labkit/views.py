@@ -12,6 +12,7 @@ import contextlib
 import html
 import json
 import math
+import numbers
 import os
 import sys
 
@@ -44,6 +45,8 @@ with _without_iri_format_checker():
     pio.renderers  # noqa: B018 — lazy in plotly: this is what imports nbformat, which every chart's display needs
 
 from . import explore
+from .errors import LabError
+from .specs import get_gpu
 
 
 # ---- plumbing: a live chart, the error line, the one widget base, controls
@@ -248,7 +251,11 @@ class Predict(LessonWidget):
 
 
 def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
-    """An integer slider that only fires on release (each move runs a real measurement)."""
+    """An integer slider that only fires on release (each move runs a real measurement). A start
+    outside low..high is refused (LabError), not clamped: the lesson's first chart is drawn at the
+    start value, and a clamped slider would sit at another one beside it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        raise LabError(f"{name} must start at a whole number in {low:,}..{high:,}, got {value!r}")
     return widgets.IntSlider(value=value, min=low, max=high, step=step, description=name,
                              continuous_update=False, style={"description_width": "initial"},
                              layout=widgets.Layout(width="420px"))
@@ -868,7 +875,7 @@ class SplitLab(LessonWidget):
     `explore.predicted_split` with the model bound)."""
 
     def __init__(self, split, gpus: list[str], gpu: str, batch: int, high: int):
-        self.gpu = widgets.Dropdown(options=gpus, value=gpu, description="GPU")
+        self.gpu = widgets.Dropdown(options=gpus, value=get_gpu(gpu).name, description="GPU")  # unknown: its SpecError
         self.batch = int_slider("batch B", batch, 1, high)
         first = split(gpu, batch)
         self.figure = split_figure(first, "")

@@ -8,6 +8,7 @@ pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
 
 from labkit import batching, explore, interference, recordings, sizes, traces, views, workloads  # noqa: E402
+from labkit.errors import LabError, SpecError  # noqa: E402
 from labkit.specs import get_gpu, get_model  # noqa: E402
 
 
@@ -45,6 +46,25 @@ def test_split_lab_follows_the_dropdown_and_the_batch():
     lab.gpu.value = "H200"
     assert "H200" in lab.figure.layout.title.text
     assert len(explore.lever_rows()) == len(workloads.WORKLOADS)
+
+
+def test_a_lessons_bad_parameters_are_one_clear_error_before_any_widget():
+    """Lesson 07's GPU = "B200" ended in ipywidgets' "Invalid selection: value not found"; a
+    start outside a slider's range was clamped, the first chart drawn at the value asked for."""
+    model = get_model("llama-3.1-8b")
+    split = lambda g, b: explore.predicted_split(model, get_gpu(g), b)  # noqa: E731
+    with pytest.raises(SpecError, match=r"^unknown GPU 'B200'; known: H100-SXM, "):
+        views.SplitLab(split, ["H100-SXM", "H200"], "B200", 1, 256)
+    assert views.SplitLab(split, ["H100-SXM", "H200"], "h200", 1, 256).gpu.value == "H200"  # as get_gpu reads it
+    for batch in (0, 257, 2.5, True):
+        with pytest.raises(LabError, match=rf"^batch B must start at a whole number in 1..256, got {batch!r}$"):
+            views.SplitLab(split, ["H100-SXM"], "H100-SXM", batch, 256)
+    with pytest.raises(LabError, match=r"^the number of requests must be a positive integer, got -5$"):
+        traces.first_or_sampled("nowhere", "conv", -5)
+    with pytest.raises(LabError, match=r"^prompt tokens must be a positive integer, got 0$"):
+        explore.phase_points(model, get_gpu("H100-SXM"), 0, 1)
+    with pytest.raises(LabError, match=r"^context tokens must be an integer >= 0, got -1$"):
+        explore.phase_points(model, get_gpu("H100-SXM"), 2000, 1, context_tokens=-1)
 
 
 def test_chunk_lab_reruns_the_chunked_timeline():
