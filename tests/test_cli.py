@@ -25,6 +25,13 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.setattr(calibrate, "_UNCACHED", {})
 
 
+def quiet_calibrations(monkeypatch):
+    """Calibrations taken as quiet: whether a busy test machine confirms every figure is luck."""
+    real = calibrate.calibrate
+    monkeypatch.setattr(calibrate, "calibrate", lambda device, plan=None: (lambda s, i: (s, {**i, "noisy": []}))(
+        *real(device, plan)))
+
+
 def run_json(capsys, *argv) -> dict:
     assert cli.main([*argv, "--json"]) == 0
     out = capsys.readouterr().out
@@ -117,6 +124,7 @@ def test_predict_on_this_machine_uses_its_calibrated_roofline(capsys):
 def test_a_warning_is_one_line_without_pythons_source_line(capsys, monkeypatch, tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
     monkeypatch.setenv("LABKIT_CACHE_DIR", str(tmp_path / "a-file"))  # the calibration cannot be cached
+    quiet_calibrations(monkeypatch)  # a noisy one is not cached, so nothing would warn
     assert cli.main(["predict", "decode", "--gpu", "this", "--model", "lab-cpu"]) == 0
     err = capsys.readouterr().err
     warned = [line for line in err.splitlines() if "could not cache" in line]
@@ -149,9 +157,7 @@ def test_gpus_and_models_list_every_preset_with_sources(capsys):
 
 
 def test_calibrate_reports_and_caches_this_machine(capsys, monkeypatch):
-    real = calibrate.calibrate  # taken as quiet: whether a busy test machine confirms every figure is luck
-    monkeypatch.setattr(calibrate, "calibrate", lambda device, plan=None: (lambda s, i: (s, {**i, "noisy": []}))(
-        *real(device, plan)))
+    quiet_calibrations(monkeypatch)
     got = run_json(capsys, "calibrate", "--device", "cpu")
     spec, info = calibrate.load_or_calibrate("cpu")
     assert info["cache_status"] == "hit" and got["cache_file"] == info["cache_file"]
