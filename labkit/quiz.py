@@ -172,7 +172,10 @@ QUESTIONS: dict[str, Question] = {
 
 
 def _num(value: float) -> str:
-    """Four significant digits, and no exponent for a large number (53,247, not 5.325e+04)."""
+    """Four significant digits, and no exponent for a large number (53,247, not 5.325e+04) short of
+    an absurd one: 1e300 typed as an answer is "1e+300", not its 301 digits."""
+    if abs(value) >= 1e15:
+        return f"{value:.4g}"
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.4g}"
 
 

@@ -64,6 +64,8 @@ def test_the_stall_question_accepts_either_count_and_says_which():
 
 def test_large_answers_are_written_without_an_exponent():
     assert "e+" not in quiz.check_crossover(53_247) and "53,247" in quiz.check_crossover(53_247)
+    absurd = quiz.check_ridge(1e300)  # ... short of an absurd one, whose 301 digits filled the cell
+    assert "1e+300 FLOP/byte" in absurd and len(absurd) < 300
 
 
 @pytest.mark.parametrize("name", list(quiz.CHOICES))
