@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-from importlib import metadata
 import os
 import platform
 import re
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import torch

@@ -148,7 +148,8 @@ def ratios(points: list[dict]) -> dict:
     by_dtype = {p["cache_dtype"]: p for p in timed if p["table"] == "cache_dtype"}
     result = {}
     if 1 in by_batch and 16 in by_batch:  # tokens/s: B over the step time
-        result["tokens_per_s_b16_over_b1"] = _ratio(by_batch[16], by_batch[1], "tokens_per_s", lambda p, t: p["batch"] / t)
+        result["tokens_per_s_b16_over_b1"] = _ratio(by_batch[16], by_batch[1], "tokens_per_s",
+                                                    lambda p, t: p["batch"] / t)
     base = by_dtype.get("fp32")
     for dtype, point in by_dtype.items():
         if base is not None and dtype != "fp32":

@@ -1,8 +1,10 @@
 """The lab's user-facing errors: each message says what was wrong and what is allowed.
 
 The CLI turns any `LabError` into one line on stderr and exit code 2; widget callbacks show the
-message under the widget; a notebook cell shows the one line too (`_render_traceback_`). Anything else escaping is a bug in the lab, not in the user's input.
+message under the widget; a notebook cell shows the one line too (`_render_traceback_`). Anything
+else escaping is a bug in the lab, not in the user's input.
 """
+import numbers
 
 
 class LabError(ValueError):
@@ -26,7 +28,6 @@ class FootprintError(LabError):
 def whole_number(name: str, value, low: int = 1) -> int:
     """`value` if it is an integer (not a bool; numpy's count) of at least `low`, as an int; else a
     LabError naming `name`, what it must be and what it got (a notebook's parameter, a slider's value)."""
-    import numbers  # here: this module stays import-free for the modules that only need the classes
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         what = "a positive integer" if low == 1 else f"an integer >= {low}"
         raise LabError(f"{name} must be {what}, got {value!r}")
