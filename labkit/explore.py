@@ -12,7 +12,7 @@ from . import batching, workloads
 from . import roofline as r
 from .errors import whole_number
 from .specs import HardwareSpec, ModelSpec
-from .units import format_seconds
+from .units import format_rate, format_seconds
 
 
 # ---- every lesson: grids, measured points and what to say about them
@@ -86,11 +86,32 @@ L2_RESIDENT_NOTE = ("L2-resident: this working set is under twice the GPU's L2, 
                     "from the L2, not HBM; left out of the conclusions")
 
 
+def moment_note(point: dict) -> str | None:
+    """What the bandwidth read just after a point far from its roof says (`sweeps.with_moment`),
+    in one sentence; None without that reading. Near the roof of its moment, the calibration was
+    from another moment; far from it there too, the step itself is slow (the breakdown says where)."""
+    now = point.get("moment_bandwidth_bytes_per_s")
+    if now is None:
+        return None
+    fraction = point["moment_roof_fraction"]
+    said = (f"the memory read {format_rate(now, 'B/s')} at this working set just after it, where the "
+            f"calibration has {format_rate(point['roof_bandwidth_bytes_per_s'], 'B/s')}: {fraction:.2f} of that roof")
+    if fraction > 1.0:
+        return said + ", over it too: data stayed in a cache between calls"
+    if fraction >= r.FAR_FROM_ROOF:
+        pace = "faster" if point["roof_bandwidth_bytes_per_s"] > now else "slower"
+        return said + (f", so the calibration is from a {pace} moment than this one "
+                       "(`python -m labkit calibrate --refresh` measures it again)")
+    return said + ", so this step itself is slow here (`python -m labkit breakdown` shows which part)"
+
+
 def point_notes(point: dict) -> list[str]:
     """What a reader of one measured point should know beyond its numbers: that it beat its
-    roof (`above_roof_note`), that its GPU waited on the host (`host_bound`), or that its
-    working set could stay in a GPU's L2 between calls (`l2_resident`)."""
-    notes = [above_roof_note(point.get("roof_fraction", 0.0)),
+    roof (`above_roof_note`), what the bandwidth of its moment says (`moment_note`), that its GPU
+    waited on the host (`host_bound`), or that its working set could stay in a GPU's L2 between
+    calls (`l2_resident`)."""
+    moment = moment_note(point)  # where read, it says which of the above-roof note's two reasons it was
+    notes = [moment or above_roof_note(point.get("roof_fraction", 0.0)),
              HOST_BOUND_NOTE if point.get("host_bound") else None,
              L2_RESIDENT_NOTE if point.get("l2_resident") else None]
     return [note for note in notes if note]

@@ -248,14 +248,34 @@ def _random_tokens(spec: ModelSpec, shape, device):
     return torch.randint(0, spec.vocab_size, shape, generator=g).to(device)
 
 
+def with_moment(point: dict) -> dict:
+    """A CPU point bound by memory and far from its calibrated roof (a fraction under
+    `roofline.FAR_FROM_ROOF` or over 1), with the bandwidth at its working set read just after it
+    (`calibrate.bandwidth_now`, 0.1-0.5 s for lab-cpu's working sets) and its fraction of that:
+    moment_bandwidth_bytes_per_s, moment_roof_fraction. Other points as they are.
+
+    Why: a shared machine's memory changes speed under the lab. On the 2-core EPYC VM the same
+    64 MiB buffer read at 65-113 GB/s within 4 s, and 128 MiB at 46-58 GB/s one minute and 84-96
+    another, so a lesson's point at 0.41 of its calibrated roof could be a slow step or a
+    calibration from a faster moment. The second reading tells which (`explore.moment_note`)."""
+    fraction = point.get("roof_fraction")
+    if point.get("device") != "cpu" or point.get("bound") != "memory" or fraction is None \
+            or roofline.FAR_FROM_ROOF <= fraction <= 1.0:
+        return point
+    now = calibrate.bandwidth_now("cpu", point["working_set_bytes"])
+    return {**point, "moment_bandwidth_bytes_per_s": now, "moment_roof_fraction": point["achieved_bytes_per_s"] / now}
+
+
 def bind_prefill(model: ModelSpec | str = DEFAULT_MODEL, **fixed):
-    """measure(**slider_values) -> measure_prefill(model, **fixed, **slider_values), for a view."""
-    return lambda **values: measure_prefill(model, **{**fixed, **values})
+    """measure(**slider_values) -> measure_prefill(model, **fixed, **slider_values), for a view
+    (`with_moment`: a point far from its roof is judged by the bandwidth of its moment too)."""
+    return lambda **values: with_moment(measure_prefill(model, **{**fixed, **values}))
 
 
 def bind_decode(model: ModelSpec | str = DEFAULT_MODEL, **fixed):
-    """measure(**slider_values) -> measure_decode(model, **fixed, **slider_values), for a view."""
-    return lambda **values: measure_decode(model, **{**fixed, **values})
+    """measure(**slider_values) -> measure_decode(model, **fixed, **slider_values), for a view
+    (`with_moment`, as `bind_prefill`)."""
+    return lambda **values: with_moment(measure_decode(model, **{**fixed, **values}))
 
 
 # ------------------------------------------------------------------ sweeps

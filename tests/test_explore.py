@@ -145,6 +145,24 @@ def test_point_notes_gathers_what_a_reader_of_one_point_should_know():
     assert both == [explore.above_roof_note(1.2), explore.HOST_BOUND_NOTE]
 
 
+@pytest.mark.parametrize("moment, ends", [
+    (0.8, "so the calibration is from a faster moment than this one (`python -m labkit calibrate --refresh` "
+          "measures it again)"),
+    (0.3, "so this step itself is slow here (`python -m labkit breakdown` shows which part)"),
+    (1.1, "over it too: data stayed in a cache between calls")])
+def test_the_bandwidth_of_a_points_moment_says_whether_the_step_or_the_calibration_was_off(moment, ends):
+    point = {"roof_fraction": 0.41, "roof_bandwidth_bytes_per_s": 146e9, "moment_bandwidth_bytes_per_s": 60e9,
+             "moment_roof_fraction": moment, "host_bound": None}
+    (note,) = explore.point_notes(point)
+    assert note == (f"the memory read 60.0 GB/s at this working set just after it, where the calibration has "
+                    f"146 GB/s: {moment:.2f} of that roof, {ends}")
+    above = dict(point, roof_fraction=1.3)  # the moment's reading says which of the above-roof note's reasons
+    assert explore.point_notes(above) == [note] and explore.moment_note({"roof_fraction": 0.41}) is None
+    if 0.5 <= moment <= 1:  # a calibration from a slower moment than the point's
+        slower = dict(above, roof_bandwidth_bytes_per_s=30e9)
+        assert "from a slower moment than this one" in explore.moment_note(slower)
+
+
 def test_the_two_fix_lists_share_no_lever():
     rows = explore.fix_lists()
     prefill, decode = (set(row["fixed by"].split(", ")) for row in rows)

@@ -163,6 +163,27 @@ def test_bracketed_judges_a_point_against_the_bandwidth_of_its_moment(fake_roof,
     assert got["bracketed_roof_fraction"] == pytest.approx(0.5) and got["bracketed_predicted_time_s"] == pytest.approx(10)
 
 
+def test_a_slider_point_far_from_its_roof_reads_the_bandwidth_of_its_moment(monkeypatch):
+    """`with_moment`: only a CPU point bound by memory under FAR_FROM_ROOF or over 1 of its
+    calibrated roof pays for a reading, at its own working set; the bound measures go through it."""
+    reads = []
+    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: reads.append(
+        (device, working_set_bytes)) or 50e9)
+    point = {"device": "cpu", "bound": "memory", "roof_fraction": 0.4, "working_set_bytes": 64 << 20,
+             "achieved_bytes_per_s": 40e9}
+    got = sweeps.with_moment(point)
+    assert reads == [("cpu", 64 << 20)] and got["moment_bandwidth_bytes_per_s"] == 50e9
+    assert got["moment_roof_fraction"] == pytest.approx(0.8) and "moment_roof_fraction" not in point
+    for near, reason in ((dict(point, roof_fraction=0.7), "near its roof"), (dict(point, bound="compute"), "compute"),
+                         (dict(point, device="cuda"), "a GPU"), (dict(point, roof_fraction=None), "no roof")):
+        assert sweeps.with_moment(near) == near, reason
+    assert len(reads) == 1 and "moment_roof_fraction" in sweeps.with_moment(dict(point, roof_fraction=1.4))
+    measured = []
+    monkeypatch.setattr(sweeps, "measure_decode", lambda model, **kw: measured.append(kw) or dict(point))
+    assert sweeps.bind_decode("lab-tiny", cache_dtype="fp32")(batch=2)["moment_roof_fraction"] == pytest.approx(0.8)
+    assert measured == [{"cache_dtype": "fp32", "batch": 2}]
+
+
 def test_a_cache_dtype_the_cpu_does_not_offer_is_refused_before_anything_is_allocated(fake_roof, monkeypatch):
     from labkit import breakdown
     built = sweeps.get_built_model("lab-tiny", "cpu")
