@@ -175,6 +175,9 @@ report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") int
 app: venv ## Serve NB (default notebooks/01_two_phases.ipynb) as a Voilà app on 127.0.0.1:PORT with a token
 	@case "$(NB)" in *.ipynb) ;; *) echo "app: error: NB=$(NB) is not a notebook (.ipynb); the lessons: $(NOTEBOOKS)" >&2; exit 2;; esac; \
 	if [ ! -f "$(NB)" ]; then echo "app: error: NB=$(NB): no such notebook; the lessons: $(NOTEBOOKS)" >&2; exit 2; fi; \
+	case "$(PORT)" in ''|*[!0-9]*) echo "app: error: PORT=$(PORT) is not a port number" >&2; exit 2;; esac; \
+	if $(PY) -c 'import sys; from labkit.launch import port_in_use; sys.exit(0 if port_in_use($(PORT)) else 1)'; then \
+	  echo "app: error: port $(PORT) on 127.0.0.1 is in use (another server?); choose another, e.g. make app PORT=$$(($(PORT) + 1))" >&2; exit 2; fi; \
 	$(TOKEN_SH); \
 	echo "Voila: http://127.0.0.1:$(PORT)/?token=$$token"; \
 	JUPYTER_TOKEN="$$token" JUPYTER_PATH="$(CURDIR)/share/jupyter$${JUPYTER_PATH:+:$$JUPYTER_PATH}" \

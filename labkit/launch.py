@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -74,9 +75,26 @@ def parse_args(argv=None):
     return args
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something already listens on HOST:port. JupyterLab would print its start-up log and
+    stop on it (port_retries=0), after this module had printed a link to whatever holds the port.
+    SO_REUSEADDR as tornado sets it, so a port left in TIME_WAIT by a server just stopped is free."""
+    with socket.socket() as probe:
+        if os.name == "posix":  # on Windows the flag would let the bind succeed over a listener
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return True
+    return False
+
+
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
+        if port_in_use(args.port):
+            raise UsageError(f"port {args.port} on {HOST} is in use (another JupyterLab?); choose another, "
+                             f"e.g. make lab PORT={args.port + 1} or --port {args.port + 1}")
     except UsageError as err:
         print(f"launch: error: {err}", file=sys.stderr)
         return 2

@@ -187,3 +187,18 @@ def test_make_app_refuses_what_is_not_a_lesson_in_one_line(nb, why):
     error = [line for line in done.stderr.splitlines() if not re.match(r"make(\[\d+\])?: \*\*\*", line)]  # under make test: make[1]
     assert len(error) == 1 and error[0].startswith(f"app: error: NB={nb}") and why in error[0], done.stderr
     assert "notebooks/01_two_phases.ipynb" in error[0]  # it names the lessons there are
+
+
+def test_make_app_refuses_a_port_in_use_before_printing_a_link():
+    """Voilà, with port_retries=0, stopped inside its log after the recipe printed its link."""
+    import socket
+    import subprocess
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(["make", "--no-print-directory", "-o", "venv", "app", f"PORT={port}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (f"app: error: port {port} on 127.0.0.1 is in use (another server?); choose "
+                                           f"another, e.g. make app PORT={port + 1}")

@@ -32,6 +32,7 @@ def recorded(monkeypatch):
 
     monkeypatch.setattr(launch.os, "execve", execve)
     monkeypatch.setattr(launch.subprocess, "call", lambda argv, env: calls.append((argv, env)) or 0)
+    monkeypatch.setattr(launch, "port_in_use", lambda port: False)  # the fixed ports below, whatever holds them
     return calls
 
 
@@ -100,6 +101,23 @@ def test_bad_arguments_are_one_line_and_exit_2(args, recorded, capsys):
     assert run(args) == 2 and not recorded
     err = capsys.readouterr().err
     assert err.startswith("launch: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_a_port_in_use_is_refused_before_any_link_is_printed(recorded, monkeypatch, capsys):
+    """JupyterLab stopped on a busy port inside its start-up log, after the link (to whatever held
+    the port) was printed."""
+    import socket
+    monkeypatch.undo()  # the real port check
+    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("started JupyterLab on a busy port"))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert launch.main(["--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"launch: error: port {port} on 127.0.0.1 is in use (another JupyterLab?); choose "
+                                 f"another, e.g. make lab PORT={port + 1} or --port {port + 1}\n")
+    assert not launch.port_in_use(port)  # once it is let go
 
 
 @pytest.mark.slow
