@@ -163,8 +163,13 @@ report: venv ## Execute every notebook with papermill (PARAMS="-p GPU H200") int
 	mkdir -p $(REPORT); \
 	outs=; \
 	for nb in $(NOTEBOOKS); do \
-	  out=$(REPORT)/$$(basename $$nb); outs="$$outs $$out"; \
-	  LABKIT_AUTO_REVEAL=1 PLOTLY_RENDERER=plotly_mimetype $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS); \
+	  out=$(REPORT)/$$(basename $$nb); outs="$$outs $$out"; log=$${out%.ipynb}.papermill.log; \
+	  echo "report: executing $$nb"; \
+	  if ! LABKIT_AUTO_REVEAL=1 PLOTLY_RENDERER=plotly_mimetype $(VENV)/bin/papermill --cwd notebooks $$nb $$out $(PARAMS) 2>$$log; then \
+	    echo "report: $$nb failed:" >&2; \
+	    sed -n '/^Exception encountered/,$$p' $$log | grep . >&2 || tail -n 5 $$log >&2; \
+	    echo "report: papermill's whole log is $$log, the notebook as far as it ran $$out" >&2; exit 1; \
+	  fi; \
 	done; \
 	$(VENV)/bin/jupyter nbconvert --to labkit.report.ReportExporter --output-dir $(REPORT) $$outs
 

@@ -113,6 +113,19 @@ def test_make_report_converts_with_the_report_exporter(tmp_path):
     assert external_references(page) == []
 
 
+def test_a_lesson_that_fails_under_make_report_is_its_error_line_not_papermills_traceback(tmp_path):
+    """A mistyped parameter ended in papermill's own traceback through click, its error last."""
+    done = subprocess.run(["make", "--no-print-directory", "-o", "venv", "report", 'PARAMS=-p GPU B200',
+                           f"REPORT={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LABKIT_QUICK": "1", "LABKIT_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode != 0 and done.stdout == "report: executing notebooks/01_two_phases.ipynb\n"
+    said = [line for line in done.stderr.splitlines() if not line.startswith("make")]
+    assert said[0] == "report: notebooks/01_two_phases.ipynb failed:" and said[1].startswith("Exception encountered at")
+    assert said[2].startswith("SpecError: unknown GPU 'B200'; known: H100-SXM") and "Traceback" not in done.stderr
+    assert said[3] == (f"report: papermill's whole log is {tmp_path}/01_two_phases.papermill.log, the notebook as "
+                       f"far as it ran {tmp_path}/01_two_phases.ipynb") and len(said) == 4
+
+
 # ------------------------------------------------------------------ nothing from another host
 PLOTLYJS = __import__("plotly.offline", fromlist=["get_plotlyjs"]).get_plotlyjs()
 # What loads from another host: a tag's src or href to http(s):// or //host, a CSS @import or url().
