@@ -277,12 +277,16 @@ def assert_step_close(out, ref, fast_cache, plain_cache, cache_dtype, what):
     """out, ref: [B, vocab] logits of one step. Every row to STEP_TOL, but a row whose int8/fp8
     cache took a one-code flip (a K/V value ~1e-6 from a rounding boundary: 1 code of ~13,000 at
     batch 13, int8) differs from then on by that code's weight in attention, up to ~7e-4: such a
-    row to the cache's own rounding, TOL. Rows never mix in decode, so the others stay tight."""
+    row to the cache's own rounding, TOL. Rows never mix in decode, so the others stay tight.
+    Flips are rare, but not none: a quarter of the rows at most, or one row of a small batch (the
+    suite without Triton, beside another test process, once flipped a code in 1 row of 3 at
+    batch 3, int8; which side of a boundary a value lands on can follow the order its sums ran in)."""
     flipped = torch.zeros(out.shape[0], dtype=torch.bool)
     if cache_dtype in ONE_CODE:
         for a, b in ((fast_cache.k, plain_cache.k), (fast_cache.v, plain_cache.v)):  # [L, B, Hkv, S, d]
             flipped |= (a.float() != b.float()).any(-1).any(-1).any(-1).any(0)
-    assert flipped.float().mean().item() <= 0.25, f"{what}: {flipped.sum().item()} of {out.shape[0]} rows flipped a code"
+    assert flipped.sum().item() <= max(1, out.shape[0] // 4), \
+        f"{what}: {flipped.sum().item()} of {out.shape[0]} rows flipped a code"
     assert_close(out[~flipped], ref[~flipped], STEP_TOL[cache_dtype], what)
     if flipped.any():
         assert_close(out[flipped], ref[flipped], TOL[cache_dtype], f"{what}, rows with a flipped code")
