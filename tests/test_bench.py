@@ -130,6 +130,19 @@ def test_an_unwritable_out_is_refused_before_anything_is_measured(tmp_path, monk
     assert capsys.readouterr().err == f"labkit: error: cannot write recordings in {str(out)!r}: Not a directory\n"
 
 
+def test_make_bench_takes_out_from_the_command_line_and_data_recordings_otherwise():
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+
+    def command(*args):  # make -n: what the recipe would run, nothing run
+        done = subprocess.run(["make", "--no-print-directory", "-n", "-o", "venv", "bench", *args], cwd=root,
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout.strip().splitlines()[-1]
+    assert command().endswith("-m labkit bench --out data/recordings")
+    assert command("OUT=/tmp/elsewhere").endswith("-m labkit bench --out /tmp/elsewhere")
+
+
 def test_a_step_the_device_refuses_is_kept_with_why(tmp_path):
     too_long = [{"table": "prefill", "phase": "prefill", "prompt_tokens": 10**6}]
     _, payload = bench.run_bench("cpu", tmp_path, "lab-tiny", too_long)

@@ -100,6 +100,16 @@ def test_bad_arguments_exit_2_with_one_line():
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.parametrize("version", ["2.0", "abc"])
+def test_make_gpu_compile_refuses_a_triton_before_3_before_making_its_venv(version):
+    """TRITON=2.0 built a side venv (a download), then died with a KeyError in triton 2's autotuner."""
+    done = subprocess.run(["make", "--no-print-directory", "-o", "venv", "gpu-compile", f"TRITON={version}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "" and not (ROOT / "build" / f"venv-triton{version}").exists()
+    assert done.stderr.splitlines()[0] == (f"gpu-compile: error: TRITON={version}: the lab's kernels need triton 3 "
+                                           "(checked with 3.6 and 3.9)")
+
+
 # ---------------------------------------------------------------- 64-bit offsets, in the compiled IR
 LARGEST_TOKENS = 256 * 32768  # the lab's largest batch x prompt on a GPU (labkit.sizes.LAB_SETTINGS)
 
