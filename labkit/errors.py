@@ -25,10 +25,11 @@ class FootprintError(LabError):
     """A configuration whose predicted memory footprint exceeds what the device has free."""
 
 
-def whole_number(name: str, value, low: int = 1) -> int:
-    """`value` if it is an integer (not a bool; numpy's count) of at least `low`, as an int; else a
-    LabError naming `name`, what it must be and what it got (a notebook's parameter, a slider's value)."""
+def whole_number(name: str, value, low: int = 1, error: type[LabError] = LabError) -> int:
+    """`value` if it is an integer (not a bool; numpy's count) of at least `low`, as an int; else
+    `error` naming `name`, what it must be and what it got (a notebook's parameter, a slider's
+    value; a spec's field raises SpecError)."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         what = "a positive integer" if low == 1 else f"an integer >= {low}"
-        raise LabError(f"{name} must be {what}, got {value!r}")
+        raise error(f"{name} must be {what}, got {value!r}")
     return int(value)

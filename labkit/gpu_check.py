@@ -120,8 +120,8 @@ def main(argv=None) -> int:
         if not triton_installed():  # macOS, Windows: every section runs the lab's Triton kernels
             print(f"gpu_check: skipped: {TRITON_MISSING}", flush=True)
             return 0 if args.dry_run else 2
-        if triton_too_old():
-            raise UsageError(triton_too_old())
+        if too_old := triton_too_old():
+            raise UsageError(too_old)
         device = kernel_device(args.dry_run)
     except (UsageError, LabError) as err:
         print(f"gpu_check: error: {err}", file=sys.stderr)

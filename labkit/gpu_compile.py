@@ -422,8 +422,8 @@ def main(argv=None) -> int:
     if not triton_installed():  # macOS, Windows: nothing to compile with (ptxas comes in triton's wheel)
         print(f"gpu_compile: skipped: {TRITON_MISSING}", flush=True)
         return 0
-    if triton_too_old():
-        print(f"gpu_compile: error: {triton_too_old()}", file=sys.stderr)
+    if too_old := triton_too_old():
+        print(f"gpu_compile: error: {too_old}", file=sys.stderr)
         return 2
     return run(args.targets, args.kernels, args.jobs)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import roofline as r
-from .errors import SpecError
+from .errors import SpecError, whole_number
 from .roofline import CHAPTER, CHAPTER_BANDWIDTH_EFFICIENCY, CHAPTER_MFU, Counting
 from .specs import HardwareSpec, ModelSpec
 
@@ -67,9 +67,7 @@ class Workload:
 
     def __post_init__(self):
         for name in ("prompt_tokens", "output_tokens", "steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecError(f"workload {self.name!r}: {name} must be a positive integer, got {value!r}")
+            whole_number(f"workload {self.name!r}: {name}", getattr(self, name), error=SpecError)
 
 
 def _shape(name, title, prompt, output, split, helps, levers, steps=1, steps_source=_TABLE):
@@ -122,9 +120,7 @@ def _as_workload(workload) -> Workload:
 
 
 def _check_batch(batch) -> int:
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise SpecError(f"batch must be a positive integer, got {batch!r}")
-    return batch
+    return whole_number("batch", batch, error=SpecError)
 
 
 def decode_time_s(model: ModelSpec, hardware: HardwareSpec, prompt_tokens: int, output_tokens: int,
