@@ -545,6 +545,14 @@ def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_
     return bars
 
 
+def batching_line(bars: dict) -> str:
+    """`batching_bars` in one line: the max batch and each set's continuous over static throughput,
+    "simulated at max batch 16; continuous / static throughput: chapter shapes 1.70x, ..."."""
+    gains = ", ".join(f"{name} {continuous / static:.2f}x" for name, static, continuous in
+                      zip(bars["sets"], bars["static"]["tokens_per_s"], bars["continuous"]["tokens_per_s"]))
+    return f"simulated at max batch {bars['max_batch']}; continuous / static throughput: {gains}"
+
+
 def step_time_curves(records: list[dict], step_time_s, context_tokens: int, name: str) -> list[dict]:
     """Measured decode points at `context_tokens` per sequence (markers) and the interpolated
     step time through them (a line), against batch, for `views.step_time_figure`."""

@@ -746,10 +746,11 @@ class BatchingLab(LessonWidget):
 
     def __init__(self, bars, max_batch: int, low: int, high: int, title: str):
         self.bars, self.slider = bars, int_slider("max batch", max_batch, low, high)
-        self.figure = batching_figure(bars(max_batch), title)
+        first = bars(max_batch)
+        self.figure = batching_figure(first, title)
         super().__init__({"max_batch": self.slider}, [self.figure], bars,
-                         lambda result: set_batching(self.figure, result),
-                         lambda result: f"simulated at max batch {result['max_batch']}")
+                         lambda result: set_batching(self.figure, result), explore.batching_line)
+        self.error.status(self.describe(first))  # the ratios from the start, then after every move
 
 
 def step_time_figure(curves: list[dict], title: str) -> go.Figure:

@@ -1,4 +1,5 @@
 """Lessons 05-08's chart data and widgets build headless, and a slider move redraws them."""
+import html
 from functools import partial
 
 import numpy as np
@@ -31,10 +32,16 @@ def test_batching_lab_redraws_on_release():
     sets = {"mix": workloads.chapter_mix(2, prompt_scale=8), "backlog": batching.as_backlog(workloads.chapter_mix(1))}
     lab = views.BatchingLab(partial(explore.batching_bars, sets, step_time_s=affine), 4, 1, 32, "t")
     before = list(lab.figure.data[0].y)
+    assert "simulated at max batch 4; continuous / static throughput: mix " in lab.error.widget.value
     lab.slider.value = 12
     assert lab.error.last_error is None and list(lab.figure.data[0].x) == ["mix", "backlog"]
     assert list(lab.figure.data[0].y) != before
     assert all(0 < u <= 100 for u in lab.figure.data[2].y)  # continuous utilisation
+    bars = explore.batching_bars(sets, 12, step_time_s=affine)  # the status line follows the slider
+    gains = [c / s for s, c in zip(bars["static"]["tokens_per_s"], bars["continuous"]["tokens_per_s"])]
+    assert explore.batching_line(bars) == (f"simulated at max batch 12; continuous / static throughput: "
+                                           f"mix {gains[0]:.2f}x, backlog {gains[1]:.2f}x")
+    assert explore.batching_line(bars) in html.unescape(lab.error.widget.value)
 
 
 def test_split_lab_follows_the_dropdown_and_the_batch():
