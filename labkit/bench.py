@@ -122,13 +122,17 @@ def median_round(rounds: list[dict]) -> dict:
 
 def row(point: dict) -> dict:
     """One point as a table row: the issue's columns (measured, predicted, bracketed roof
-    fraction) with the tokens/s, the tier and the planning line beside them."""
+    fraction) with the tokens/s, the tier and the planning line beside them, and for a decode
+    step its fractions of the roof of its kernels in turn."""
     shape = (f"decode B={point['batch']}, S={point['context_tokens']:,}, cache {point['cache_dtype']}"
              if point["phase"] == "decode" else f"prefill P={point['prompt_tokens']:,}")
     if "skipped" in point:
         return {"point": shape, "skipped": point["skipped"]}
     keys = ("time_s", "predicted_time_s", "planned_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
             "bound", "roof_tier", "roof_bandwidth_bytes_per_s", "working_set_bytes", "noisy", "kernels")
+    # a decode step's kernels in turn, each at its own roof (`roofline.in_turn_time_s`)
+    keys += tuple(k for k in ("in_turn_predicted_time_s", "in_turn_roof_fraction", "bracketed_in_turn_fraction")
+                  if k in point)
     rounds = {k: point[k] for k in ("round", "rounds_time_s", "rounds_bracketed_roof_fraction") if k in point}
     return {"point": shape, **{k: point.get(k) for k in keys}, **rounds}
 
@@ -192,4 +196,6 @@ def _line(r: dict) -> str:
     bracketed = r["bracketed_roof_fraction"]
     return (f"{r['time_s'] * 1e3:,.1f} ms ({r['tokens_per_s']:,.0f} tok/s), predicted {r['predicted_time_s'] * 1e3:,.1f} ms, "
             f"{r['roof_fraction']:.2f} of the {r['bound']}-bound roof ({r['roof_tier']})"
-            + (f", {bracketed:.2f} bracketed" if bracketed is not None else "") + (" (noisy)" if r["noisy"] else ""))
+            + (f", {bracketed:.2f} bracketed" if bracketed is not None else "")
+            + (f"; kernels in turn {r['bracketed_in_turn_fraction']:.2f} bracketed" if "bracketed_in_turn_fraction" in r else "")
+            + (" (noisy)" if r["noisy"] else ""))

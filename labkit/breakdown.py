@@ -189,7 +189,7 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
             # the chapter's planning line for the whole step: 40 % of peak FLOP/s, 75 % of the bandwidth
             "planned_time_s": roofline.roofline_time_s(flops_total, working_set_bytes, roof, dtype,
                                                        roofline.CHAPTER_MFU, roofline.CHAPTER_BANDWIDTH_EFFICIENCY),
-            "roof_parts_time_s": sum(row["roof_time_s"] for row in rows),
+            "roof_parts_time_s": roofline.in_turn_time_s(work, roof, dtype),  # the parts in turn
             "flops": flops_total, "bytes": sum(w["bytes"] for w in work.values()),  # every part's, counted
             "measured_by": "peak FLOP/s" if measure_by == "flops" else "bandwidth",
             "step_fraction": step_work / (whole_s * rate),

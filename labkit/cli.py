@@ -338,9 +338,10 @@ def _print_human(command: str, result: dict):
             print(f"{edge['label']} from ~{_binary(edge['bytes'])} (the OS reports a {_binary(edge['cache_bytes'])} {edge['from']})")
     elif command == "bench":
         columns = ("point", "time_s", "predicted_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
-                   "bracketed_rounds", "roof_tier", "skipped")
+                   "bracketed_rounds", "bracketed_in_turn_fraction", "roof_tier", "skipped")
         print(f"each point: its median of {result['rounds']} rounds; bracketed rounds: the lowest and highest "
-              "bracketed roof fraction of its rounds")
+              "bracketed roof fraction of its rounds; bracketed in turn: a decode step's fraction of the roof of "
+              "its kernels one after another, each at its own roof, on the bracketed bandwidth")
         for name, rows in result["tables"].items():
             print(f"{name}:")
             rows = [{**r, "bracketed_rounds": _spread(r["rounds_bracketed_roof_fraction"])}

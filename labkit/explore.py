@@ -51,6 +51,10 @@ def measured_series(records: list[dict], x_key: str) -> dict:
     return series
 
 
+# The kernels-in-turn roof is shown where it lies more than 2 % off the whole step's (`roof_phrase`,
+# `views._parts_from`): at batch 1 the two differ only by the few bytes the parts count besides.
+IN_TURN_PARTS = 1.02
+IN_TURN_LABEL = "predicted, kernels in turn (each at its own roof)"
 PLAN_LABEL = (f"the chapter's planning line ({r.CHAPTER_MFU:.0%} of peak FLOP/s, "
               f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth)")
 
@@ -58,14 +62,20 @@ PLAN_LABEL = (f"the chapter's planning line ({r.CHAPTER_MFU:.0%} of peak FLOP/s,
 def roof_phrase(point: dict) -> str | None:
     """How close a measured point came to its roof, beside the chapter's planning fraction:
     "0.62 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" or "0.41 of the
-    compute-bound roof (peak FLOP/s; the chapter plans 0.40)"; None without a roof fraction."""
+    compute-bound roof (peak FLOP/s; the chapter plans 0.40)"; None without a roof fraction. A
+    decode step whose kernels in turn (`roofline.in_turn_time_s`) take over IN_TURN_PARTS of its
+    roof's time adds its fraction of theirs: ", 0.72 of the roof of its kernels in turn"."""
     if point.get("roof_fraction") is None or point.get("bound") not in ("compute", "memory"):
         return None
     bound = point["bound"]
     what = "peak FLOP/s" if bound == "compute" else (f"{point['roof_tier']} bandwidth" if point.get("roof_tier")
                                                      else "bandwidth")
     plan = point.get("plan_fraction") or r.chapter_plan_fraction(bound)
-    return f"{point['roof_fraction']:.2f} of the {bound}-bound roof ({what}; the chapter plans {plan:.2f})"
+    said = f"{point['roof_fraction']:.2f} of the {bound}-bound roof ({what}; the chapter plans {plan:.2f})"
+    in_turn = point.get("in_turn_predicted_time_s")
+    if in_turn is not None and in_turn > IN_TURN_PARTS * point["predicted_time_s"]:  # a decode step's kernels in turn
+        said += f", {point['in_turn_roof_fraction']:.2f} of the roof of its kernels in turn"
+    return said
 
 
 def above_roof_note(fraction: float) -> str | None:
@@ -229,11 +239,16 @@ def prefill_prediction(model: ModelSpec, hardware: HardwareSpec, prompts: list[i
 def decode_prediction(model: ModelSpec, hardware: HardwareSpec, batches: list[int], context_tokens: int,
                       dtype: str, cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
     """Predicted decode step time for each batch size at a fixed context length, with the
-    chapter's planning line and the roof's tiers (`with_plan_and_tiers`)."""
+    chapter's planning line and the roof's tiers (`with_plan_and_tiers`), and in_turn_time_s: the
+    step's kernels one after another, each at its own roof (`roofline.predicted_decode_step_in_turn_s`),
+    which parts from the whole step's roof where the products turn compute-bound before the step does."""
     time_s = lambda b, **plan: r.predicted_decode_step_s(model, b, context_tokens, hardware, dtype,  # noqa: E731
                                                          cache_dtype, counting, **plan)
     working_sets = [r.decode_bytes_per_step(model, b, context_tokens, dtype, cache_dtype, counting.params) for b in batches]
-    return with_plan_and_tiers({"batch": list(batches)}, batches, time_s, working_sets, hardware)
+    in_turn = [r.predicted_decode_step_in_turn_s(model, b, context_tokens, hardware, dtype, cache_dtype, counting)
+               for b in batches]
+    return with_plan_and_tiers({"batch": list(batches), "in_turn_time_s": in_turn}, batches, time_s, working_sets,
+                               hardware)
 
 
 def with_plan_and_tiers(prediction: dict, xs: list, time_s, working_sets: list[float], hardware: HardwareSpec) -> dict:
@@ -489,11 +504,13 @@ def throughput_prediction(model: ModelSpec, hardware: HardwareSpec, batches: lis
                           dtype: str, cache_dtype: str, counting: r.Counting = r.KERNEL) -> dict:
     """Predicted decode throughput (batch / step time, tokens/s) and the batch where decode
     becomes compute-bound on `hardware`'s cache-aware roof, where the predicted line goes flat
-    (`roofline.decode_compute_bound_batch_at_roof`; None if the cache read keeps it bandwidth-bound)."""
+    (`roofline.decode_compute_bound_batch_at_roof`; None if the cache read keeps it bandwidth-bound);
+    in_turn_tokens_per_s, the same with the step's kernels in turn (`decode_prediction`)."""
     steps = decode_prediction(model, hardware, batches, context_tokens, dtype, cache_dtype, counting)
     bound = r.decode_compute_bound_batch_at_roof(model, hardware, context_tokens, dtype, cache_dtype, dtype, counting)
     return {"batch": list(batches), "tokens_per_s": [b / t for b, t in zip(batches, steps["predicted_time_s"])],
             "planned_tokens_per_s": [b / t for b, t in zip(batches, steps["planned_time_s"])],
+            "in_turn_tokens_per_s": [b / t for b, t in zip(batches, steps["in_turn_time_s"])],
             "tiers": steps["tiers"], "roof_tiers": steps["roof_tiers"], "compute_bound_batch": bound}
 
 
@@ -514,8 +531,8 @@ def throughput_series(records: list[dict]) -> dict:
     bandwidth falls) from a cache plateau (it stays near the roof)."""
     rows = sorted(records, key=lambda rec: rec["batch"])
     return {"batch": [rec["batch"] for rec in rows], "tokens_per_s": [rec["tokens_per_s"] for rec in rows],
-            "hover": [f"{rec['tokens_per_s']:,.0f} tokens/s; achieved {rec['achieved_bytes_per_s'] / 1e9:,.1f} GB/s, "
-                      f"{rec.get('roof_fraction', 0):.2f} of the {rec.get('bound', '?')}-bound roof" for rec in rows],
+            "hover": [f"{rec['tokens_per_s']:,.0f} tokens/s; achieved {rec['achieved_bytes_per_s'] / 1e9:,.1f} GB/s"
+                      + (f", {roof_phrase(rec)}" if roof_phrase(rec) else "") for rec in rows],
             "device_name": rows[0].get("device_name", rows[0]["device"]) if rows else "?"}
 
 

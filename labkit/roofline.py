@@ -347,6 +347,33 @@ def predicted_decode_step_s(model: ModelSpec, batch: int, context_tokens: int, h
     return roofline_time_s(flops, nbytes, roof_at_working_set(hardware, nbytes), dtype, mfu, bandwidth_efficiency)
 
 
+def in_turn_time_s(work: dict[str, dict[str, int]], hardware: HardwareSpec, dtype: str = "bf16",
+                   mfu: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
+    """The parts of one pass (`decode_work_by_category`, `prefill_work_by_category`) run one
+    after another, each at its own roof: the sum of their `roofline_time_s`.
+
+    Why beside the whole pass's roof: that one takes the slower of all the FLOPs at peak and all
+    the bytes at the bandwidth, as if the compute of one kernel overlapped the reads of another.
+    An engine runs its kernels in turn. Where every part is bound by the same resource the two
+    agree (the parts count a few bytes more: q, the attention output, the elementwise work); where
+    the products are compute-bound and attention memory-bound, the whole pass's roof is out of
+    reach: lab-cpu at B = 32, S = 1,024 on a calibration of the 2-core EPYC VM (497 GFLOP/s, 58.5
+    GB/s at the step's 188 MiB), products 2.03 ms at peak and attention 2.30 ms at the bandwidth, where
+    the whole step's roof is 3.37 ms."""
+    return sum(roofline_time_s(part["flops"], part["bytes"], hardware, dtype, mfu, bandwidth_efficiency)
+               for part in work.values())
+
+
+def predicted_decode_step_in_turn_s(model: ModelSpec, batch: int, context_tokens: int, hardware: HardwareSpec,
+                                    dtype: str = "bf16", cache_dtype: str = "bf16", counting: Counting = KERNEL,
+                                    mfu: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
+    """`predicted_decode_step_s` with the step's kernels in turn (`in_turn_time_s` over
+    `decode_work_by_category`), at the same bandwidth: that of the step's working set."""
+    nbytes = decode_bytes_per_step(model, batch, context_tokens, dtype, cache_dtype, counting.params)
+    work = decode_work_by_category(model, batch, context_tokens, dtype, cache_dtype, counting)
+    return in_turn_time_s(work, roof_at_working_set(hardware, nbytes), dtype, mfu, bandwidth_efficiency)
+
+
 def tokens_per_s_per_sequence(step_time_s: float) -> float:
     """Streaming speed one user sees: one token per decode step."""
     return 1.0 / step_time_s

@@ -103,16 +103,23 @@ def _time(fn, device: str, repeats: int | None):
     return measure.time_until_stable(fn, CPU_BUDGET_S, CPU_MAX_BUDGET_S, min(3, most), most)
 
 
-def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
+def _point(phase, model: Llama, timing, flops, bytes_moved, work=None, **shape) -> dict:
     """The flat dict every measurement returns (units in the keys). The working set is the bytes
     the step moves (`bytes_moved`: each weight and cache byte once), and the roof is the
-    calibrated one at that working set."""
+    calibrated one at that working set. With `work` (a decode step's `decode_work_by_category`),
+    also its kernels in turn on that roof (`roofline.in_turn_time_s`): in_turn_predicted_time_s
+    and in_turn_roof_fraction, with the work itself (work_by_category) for `bracketed`."""
     device, dtype = model.device.type, model.compute_dtype
     hardware, _ = calibrate.load_or_calibrate(device)
     roof = roofline.roof_at_working_set(hardware, bytes_moved)
     predicted_s = roofline.roofline_time_s(flops, bytes_moved, roof, dtype)
     rates = measure.achieved(flops, bytes_moved, timing)
     bound = roofline.bound_by(flops, bytes_moved, roof, dtype)
+    in_turn = {}
+    if work is not None:
+        in_turn_s = roofline.in_turn_time_s(work, roof, dtype)
+        in_turn = {"work_by_category": work, "in_turn_predicted_time_s": in_turn_s,
+                   "in_turn_roof_fraction": in_turn_s / timing.estimate_s}
     return {
         "phase": phase, "device": device, "device_name": backend.device_name(device),
         "hardware": hardware.name, "model": model.spec.name, **shape, "compute_dtype": dtype,
@@ -134,6 +141,7 @@ def _point(phase, model: Llama, timing, flops, bytes_moved, **shape) -> dict:
         "host_bound": timing.host_bound,  # CUDA: the GPU waited for the host's launches (None on a CPU)
         # CUDA: small enough that back-to-back calls may read it from the L2 (None on a CPU)
         "l2_resident": roofline.l2_resident(bytes_moved, l2_bytes_of(hardware)) if device == "cuda" else None,
+        **in_turn,
     }
 
 
@@ -181,7 +189,8 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     flops = roofline.decode_flops_per_step(spec, batch, context_tokens, KERNEL)
     bytes_moved = roofline.decode_bytes_per_step(spec, batch, context_tokens, dtype, cache_dtype, "matmul")
     share = roofline.cache_share(spec, batch, context_tokens, dtype, cache_dtype, "matmul")
-    point = _point("decode", built, timing, flops, bytes_moved, context_tokens=context_tokens,
+    work = roofline.decode_work_by_category(spec, batch, context_tokens, dtype, cache_dtype, KERNEL)
+    point = _point("decode", built, timing, flops, bytes_moved, work, context_tokens=context_tokens,
                    batch=batch, cache_dtype=cache_dtype)
     point.update(cache_share=share, regime=roofline.decode_regime(share),
                  tokens_per_s=batch / timing.estimate_s, decode_reason=built.decode_path.reason)
@@ -207,6 +216,9 @@ def bracketed(measure_point, device: str, working_set_bytes: int | None = None) 
                  bracketed_roof_fraction=fraction,
                  bracketed_predicted_time_s=roofline.roofline_time_s(point["flops"], point["bytes"], now,
                                                                      point["compute_dtype"]))
+    if "work_by_category" in point:  # a decode step: its kernels in turn on the same roof
+        in_turn_s = roofline.in_turn_time_s(point["work_by_category"], now, point["compute_dtype"])
+        point.update(bracketed_in_turn_predicted_time_s=in_turn_s, bracketed_in_turn_fraction=in_turn_s / point["time_s"])
     return point
 
 

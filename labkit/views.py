@@ -296,8 +296,10 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
                                  log_y: bool = False) -> LiveFigure:
     """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1).
     Where `predicted` has them (`explore.with_plan_and_tiers`): the chapter's planning line,
-    dashed, as trace 4 (after the four the measured points update), and a dotted mark where the
-    working set leaves a cache ("past the L3: DRAM"), so that bend is not read as a phase's."""
+    dashed, as trace 4 (after the four the measured points update), the roof of a decode step's
+    kernels in turn (`explore.decode_prediction`), dotted, where it parts from the whole step's, and
+    a dotted mark where the working set leaves a cache ("past the L3: DRAM"), so that bend is not
+    read as a phase's."""
     fig = LiveFigure(make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3],
                                    vertical_spacing=0.06))
     fig.add_scatter(x=predicted[x_key], y=predicted["predicted_time_s"], mode="lines",
@@ -313,11 +315,22 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
     if "planned_time_s" in predicted:
         fig.add_scatter(x=predicted[x_key], y=predicted["planned_time_s"], mode="lines", line=PLAN,
                         name=explore.PLAN_LABEL, row=1, col=1)
+    if _parts_from(predicted.get("in_turn_time_s"), predicted["predicted_time_s"]):
+        fig.add_scatter(x=predicted[x_key], y=predicted["in_turn_time_s"], mode="lines", line=IN_TURN,
+                        name=explore.IN_TURN_LABEL, row=1, col=1)
     add_tier_marks(fig, predicted.get("tiers", []), rows=(1, 2))
     return fig
 
 
+def _parts_from(line, roof) -> bool:
+    """Whether `line` (the kernels-in-turn roof, or None) lies more than `explore.IN_TURN_PARTS`
+    off `roof` anywhere: drawn only then, not as a second line under the first (a step
+    memory-bound in every part)."""
+    return line is not None and any(max(a / b, b / a) > explore.IN_TURN_PARTS for a, b in zip(line, roof))
+
+
 PLAN = dict(color=PREDICTED["color"], dash="dash", width=1.5)
+IN_TURN = dict(color=PREDICTED["color"], dash="dot", width=2.5)
 TIER = dict(color="#7f7f7f", dash="dot", width=1)
 
 
@@ -686,7 +699,8 @@ def cache_share_figure(curves: list[dict], bands: list[dict], marks: list[dict],
 def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
     """`explore.throughput_prediction` (line) and `explore.throughput_series` (measured points)
     against batch; the compute-bound batch is marked where it lies among the measured batches,
-    and named in the title where it does not."""
+    and named in the title where it does not. The roof of the step's kernels in turn is dotted,
+    where it parts from the whole step's (`_parts_from`)."""
     fig = go.Figure()
     fig.add_scatter(x=predicted["batch"], y=predicted["tokens_per_s"], mode="lines", line=PREDICTED,
                     name="predicted (calibrated roofline)")
@@ -704,6 +718,9 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
         fig.add_scatter(x=predicted["batch"], y=predicted["planned_tokens_per_s"], mode="lines", line=PLAN,
                         name=explore.PLAN_LABEL)
         fig.data[0].name = _roof_name(predicted)
+    if _parts_from(predicted.get("in_turn_tokens_per_s"), predicted["tokens_per_s"]):
+        fig.add_scatter(x=predicted["batch"], y=predicted["in_turn_tokens_per_s"], mode="lines", line=IN_TURN,
+                        name=explore.IN_TURN_LABEL)
     add_tier_marks(fig, predicted.get("tiers", []))
     fig.update_xaxes(title="batch B")
     fig.update_yaxes(title="tokens/s (B ÷ step time)", rangemode="tozero")

@@ -55,6 +55,11 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
         for key in ("bandwidth_before_bytes_per_s", "bracketed_roof_fraction", "working_set_bytes",
                     "roof_bandwidth_bytes_per_s", "roof_tier", "planned_time_s", "roof_fraction"):
             assert key in point, key
+    for table, rows in saved["tables"].items():  # a decode step also against its kernels in turn
+        for shown in rows:
+            assert ("bracketed_in_turn_fraction" in shown) == (table != "prefill"), (table, shown)
+            if table != "prefill":
+                assert shown["in_turn_predicted_time_s"] >= shown["predicted_time_s"]
     first = saved["tables"]["decode_batch"][0]
     assert first["point"] == "decode B=1, S=64, cache fp32" and first["time_s"] > 0
     assert set(saved["ratios"]) == {"tokens_per_s_b16_over_b1", "step_int8_over_fp32"}

@@ -185,4 +185,7 @@ def test_measured_throughput_carries_the_achieved_bandwidth_for_hovering():
                 "bound": "memory", "device": "cpu", "device_name": "a CPU"}]
     series = explore.throughput_series(records)
     assert series["batch"] == [1, 4] and series["hover"][1] == ("400 tokens/s; achieved 20.0 GB/s, 0.80 of the "
-                                                                 "memory-bound roof")
+                                                                 "memory-bound roof (bandwidth; the chapter plans 0.75)")
+    # a step whose kernels in turn lie off its roof says its fraction of theirs (`roof_phrase`)
+    records[0].update(predicted_time_s=0.01, in_turn_predicted_time_s=0.012, in_turn_roof_fraction=0.9)
+    assert explore.throughput_series(records)["hover"][1].endswith("0.90 of the roof of its kernels in turn")

@@ -94,6 +94,10 @@ def test_each_measured_point_reports_its_fraction_of_the_roof_and_the_plan():
     assert "0.75 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in series["label"][0]
     assert "0.40 of the compute-bound roof (peak FLOP/s; the chapter plans 0.40)" in series["label"][1]
     assert explore.roof_phrase({"bound": "memory"}) is None  # no fraction measured: nothing claimed
+    # a decode step whose kernels in turn lie off its roof: its fraction of theirs too, else not
+    step = dict(records[0], in_turn_predicted_time_s=0.0039, in_turn_roof_fraction=0.975)
+    assert explore.roof_phrase(step).endswith("plans 0.75), 0.97 of the roof of its kernels in turn")
+    assert "in turn" not in explore.roof_phrase(dict(step, in_turn_predicted_time_s=0.00305))
 
 
 def test_the_decode_readout_shows_the_plan_as_a_third_bar_when_measured():
@@ -118,3 +122,47 @@ def test_a_gpu_point_that_may_read_from_l2_says_so_and_stays_out_of_conclusions(
                {"prompt_tokens": 400, "time_s": 4.0, "device": "cuda", "l2_resident": False}]
     g = explore.growth(records, "prompt_tokens", predicted)
     assert g["left_out"] == 1 and g["from"] == 200
+
+
+# The 2-core EPYC VM's calibration of 2026-12-03 in round figures: 497 GFLOP/s fp32, ~58 GB/s
+# from DRAM (one bandwidth, so every working set reads at it).
+EPYC = HardwareSpec("this machine: a CPU", None, None, None, None, 497e9, 58.5e9, 24e9, kind="calibrated")
+
+
+def test_a_step_whose_kernels_run_in_turn_sums_each_at_its_own_roof():
+    """`roofline.in_turn_time_s`: products, attention and the rest, each at the slower of its
+    FLOPs at peak and its bytes at the bandwidth, added. lab-cpu at B = 32, S = 1,024: the
+    products (80 % of their FLOPs the LM head) are compute-bound and attention memory-bound, so
+    the kernels in turn take ~1.3x the whole step's roof, which counts the products' FLOPs as
+    hidden under attention's bytes; at batch 1 every part is memory-bound and the two agree."""
+    work = r.decode_work_by_category(LAB_CPU, 32, 1024, "fp32", "fp32")
+    parts = {name: r.roofline_time_s(w["flops"], w["bytes"], EPYC, "fp32") for name, w in work.items()}
+    assert parts["products"] == pytest.approx(work["products"]["flops"] / 497e9)  # compute-bound
+    assert parts["attention"] == pytest.approx(work["attention"]["bytes"] / 58.5e9)  # memory-bound
+    in_turn = r.predicted_decode_step_in_turn_s(LAB_CPU, 32, 1024, EPYC, "fp32", "fp32")
+    assert in_turn == pytest.approx(sum(parts.values())) == r.in_turn_time_s(work, EPYC, "fp32")
+    whole = r.predicted_decode_step_s(LAB_CPU, 32, 1024, EPYC, "fp32", "fp32")
+    assert 1.25 < in_turn / whole < 1.35
+    one = r.predicted_decode_step_in_turn_s(LAB_CPU, 1, 1024, EPYC, "fp32", "fp32")
+    assert 1.0 <= one / r.predicted_decode_step_s(LAB_CPU, 1, 1024, EPYC, "fp32", "fp32") < 1.02
+    for batch in (1, 4, 16, 32, 64, 256):  # never below the whole step's roof
+        for context in (0, 1024, 8192):
+            assert (r.predicted_decode_step_in_turn_s(LAB_CPU, batch, context, CPU, "fp32", "fp32")
+                    >= r.predicted_decode_step_s(LAB_CPU, batch, context, CPU, "fp32", "fp32"))
+
+
+def test_the_charts_draw_the_kernels_in_turn_only_where_they_part_from_the_roof():
+    """Lesson 04's throughput and lesson 01's decode chart: a dotted line for the kernels in turn
+    where it lies off the whole step's roof (lab-cpu past the LM head's ridge), none where the two
+    coincide (every part memory-bound: batch 1 to 4)."""
+    from labkit import views
+    names = lambda fig: [trace.name for trace in fig.data]  # noqa: E731
+    parted = explore.throughput_prediction(LAB_CPU, EPYC, [1, 16, 32, 64], 1024, "fp32", "fp32")
+    assert all(a <= b * 1.0001 for a, b in zip(parted["in_turn_tokens_per_s"], parted["tokens_per_s"]))
+    measured = {"batch": [1], "tokens_per_s": [100.0], "device_name": "CPU"}
+    assert explore.IN_TURN_LABEL in names(views.throughput_figure(parted, measured, "t"))
+    together = explore.throughput_prediction(LAB_CPU, EPYC, [1, 2, 4], 1024, "fp32", "fp32")
+    assert explore.IN_TURN_LABEL not in names(views.throughput_figure(together, measured, "t"))
+    steps = explore.decode_prediction(LAB_CPU, EPYC, [1, 16, 32, 64], 1024, "fp32", "fp32")
+    fig = views.measured_vs_predicted_figure("batch", steps, "batch", "t")
+    assert names(fig)[5] == explore.IN_TURN_LABEL and list(fig.data[5].y) == steps["in_turn_time_s"]

@@ -58,6 +58,12 @@ def test_measure_decode_on_lab_tiny(fake_roof, cache_dtype):
     assert point["bytes"] == roofline.decode_bytes_per_step(spec, 3, 100, "fp32", cache_dtype, "matmul")
     assert point["regime"] in ("weights-dominated", "mixed", "cache-dominated")
     assert 0 < point["cache_share"] < 1 and math.isclose(point["tokens_per_s"], 3 / point["time_s"])
+    # its kernels in turn, on the roof at its working set: each part at its own roof, added
+    assert point["work_by_category"] == roofline.decode_work_by_category(spec, 3, 100, "fp32", cache_dtype)
+    assert point["in_turn_predicted_time_s"] == pytest.approx(
+        roofline.predicted_decode_step_in_turn_s(spec, 3, 100, FAKE_ROOF, "fp32", cache_dtype))
+    assert point["in_turn_predicted_time_s"] >= point["predicted_time_s"]
+    assert point["in_turn_roof_fraction"] == pytest.approx(point["in_turn_predicted_time_s"] / point["time_s"])
     cache = sweeps.get_built_model("lab-tiny", "cpu").cache
     assert cache.host_lengths == [100] * 3, "timed steps must leave the context length where it was"
 
@@ -161,6 +167,12 @@ def test_bracketed_judges_a_point_against_the_bandwidth_of_its_moment(fake_roof,
     compute_bound = dict(point, flops=1e12, time_s=20.0)  # 1e12 FLOP at FAKE_ROOF's 100 GFLOP/s: 10 s
     got = sweeps.bracketed(lambda: dict(compute_bound), "cpu")
     assert got["bracketed_roof_fraction"] == pytest.approx(0.5) and got["bracketed_predicted_time_s"] == pytest.approx(10)
+    assert "bracketed_in_turn_fraction" not in got  # no parts given: not a decode step
+    # a decode step's kernels in turn on the same roof: 1e12 FLOP at 100 GFLOP/s, then 3e8 B at 30 GB/s
+    work = {"products": {"flops": 1e12, "bytes": 1e7}, "attention": {"flops": 1e6, "bytes": 3e8}}
+    got = sweeps.bracketed(lambda: dict(compute_bound, work_by_category=work), "cpu")
+    assert got["bracketed_in_turn_predicted_time_s"] == pytest.approx(10 + 0.01)
+    assert got["bracketed_in_turn_fraction"] == pytest.approx(10.01 / 20)
 
 
 def test_a_slider_point_far_from_its_roof_reads_the_bandwidth_of_its_moment(monkeypatch):
