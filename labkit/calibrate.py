@@ -120,6 +120,7 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
     if kind == "cuda":
         torch.cuda.empty_cache()
     noisy = [f"bandwidth at {p['bytes'] / MIB:,.1f} MiB" for p in curve if p["noisy"]]
+    noisy += rises_past_cache(curve, caches[-1][1] if caches else None)
     noisy += [f"{dtype} matmul" for dtype, result in matmul.items() if result.get("noisy")]
     others = others_busy_share(load) if kind == "cpu" else None
     if others is not None and others > OTHERS_BUSY_LIMIT:
@@ -133,6 +134,30 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
     spec = _spec(kind, curve, caches, matmul, info["date"])
     info["tier_edges"] = roofline.tier_edges(spec.bandwidth_by_working_set, caches, spec.memory_name)
     return spec, info
+
+
+# Past the last-level cache a larger working set reads no faster than a smaller one; a rise of
+# more than this between two points there is the machine changing speed mid-calibration.
+RISE_LIMIT = 1.15
+
+
+def rises_past_cache(curve: list[dict], last_level_bytes: float | None) -> list[str]:
+    """The points past the last-level cache whose rate is over RISE_LIMIT x that of a smaller
+    working set past it, each named as a noisy figure: each was confirmed on its own, but not at
+    the same moment as the others (the 2-core EPYC VM's memory switched between ~50 and ~95 GB/s
+    at 256 MiB within seconds; bench-cpu-31's calibration read 57 GB/s at 128 MiB and 95 at 256).
+    The roof is then raised to the faster (`roofline.roof_envelope`) and not cached."""
+    if not last_level_bytes:
+        return []
+    past = [p for p in curve if p["bytes"] > last_level_bytes]
+    rises = []
+    for i, point in enumerate(past[1:], start=1):
+        slowest = min(past[:i], key=lambda p: p["bytes_per_s"])
+        if point["bytes_per_s"] > RISE_LIMIT * slowest["bytes_per_s"]:
+            rises.append(f"bandwidth at {point['bytes'] / MIB:,.1f} MiB ({point['bytes_per_s'] / 1e9:,.3g} GB/s) over "
+                         f"that at {slowest['bytes'] / MIB:,.1f} MiB ({slowest['bytes_per_s'] / 1e9:,.3g} GB/s): the "
+                         "memory changed speed during the calibration")
+    return rises
 
 
 def _kind(device) -> str:
@@ -440,7 +465,7 @@ def load_or_calibrate(device, refresh: bool = False, max_age_s: float = MAX_AGE_
 
 def _noisy_text(info: dict) -> str:
     noisy = info.get("noisy") or ["?"]
-    return (f"noisy ({len(noisy)} figure(s) unconfirmed, e.g. {noisy[0]}: the machine was busy); "
+    return (f"noisy ({len(noisy)} figure(s) unconfirmed or inconsistent, e.g. {noisy[0]}: the machine was busy); "
             "`python -m labkit calibrate --refresh` when it is quieter")
 
 

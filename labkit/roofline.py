@@ -410,13 +410,31 @@ def bandwidth_curve(curve) -> list[tuple[float, float]]:
     return pairs
 
 
+def roof_envelope(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Ascending (bytes, bytes_per_s) pairs with each rate raised to the fastest measured at any
+    larger working set: what a larger working set was read at, a smaller one can be too (it
+    needs no byte more from any tier), so the roof never rises with the working set.
+
+    Why: a calibration measures one working set after another, each at its own moment, and a
+    shared machine's memory changes speed between them. The 2-core EPYC VM's bench-cpu-31
+    calibration read 57 GB/s at 128 MiB and 95 at 256 MiB; on that curve a decode step's roof
+    rose from 58 to 95 GB/s as its context grew from 1,024 to 4,096 tokens, a bend in the
+    predicted line no phase of decode makes. `calibrate` also marks such a calibration noisy."""
+    raised, best = [], 0.0
+    for size, rate in reversed(pairs):
+        best = max(best, rate)
+        raised.append((size, best))
+    return raised[::-1]
+
+
 def bandwidth_at_bytes_per_s(curve, working_set_bytes: float, edges=()) -> float:
     """The bandwidth roof at `working_set_bytes`: interpolated in log(bytes)-log(rate) between
-    the two measured neighbours, held flat past either end of the curve. Tier-aware: with
-    `edges` (working sets where the roof changes tier, `tier_edges`), only points on the same
-    side of every edge are used, so a working set just past the L3 gets a memory rate, not a
-    blend with the L3's. Ignores the order of access (a sweep reads every byte once per pass)."""
-    pairs = bandwidth_curve(curve)
+    the two measured neighbours (`roof_envelope`: never below a larger working set's), held flat
+    past either end of the curve. Tier-aware: with `edges` (working sets where the roof changes
+    tier, `tier_edges`), only points on the same side of every edge are used, so a working set
+    just past the L3 gets a memory rate, not a blend with the L3's. Ignores the order of access
+    (a sweep reads every byte once per pass)."""
+    pairs = roof_envelope(bandwidth_curve(curve))
     if working_set_bytes <= 0:
         raise SpecError(f"working set must be positive bytes, got {working_set_bytes!r}")
     bounds = [0.0, *sorted(edges), math.inf]

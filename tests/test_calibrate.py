@@ -358,6 +358,26 @@ def test_bandwidth_now_is_the_roof_at_a_working_set_at_this_moment(monkeypatch):
     assert 1e8 < calibrate.bandwidth_now("cpu", 2 * MIB) < 1e13  # 2 MiB: a cache's rate, still a rate
 
 
+def test_a_curve_that_rises_past_the_last_level_cache_is_noisy(monkeypatch):
+    """Each working set's figure confirmed, but the memory changed speed between them: past the
+    last-level cache a point over RISE_LIMIT x a smaller one is named noisy (so not cached);
+    inside the caches, and within the limit, nothing is."""
+    point = lambda mib, gb: {"bytes": mib * MIB, "bytes_per_s": gb * 1e9}  # noqa: E731
+    moved = [point(16, 200), point(32, 150), point(64, 77), point(128, 57), point(256, 95)]
+    assert calibrate.rises_past_cache(moved, 32 * MIB) == [
+        "bandwidth at 256.0 MiB (95 GB/s) over that at 128.0 MiB (57 GB/s): the memory changed speed during "
+        "the calibration"]
+    steady = [point(16, 200), point(32, 150), point(64, 77), point(128, 57), point(256, 62)]  # +9 %: noise
+    assert calibrate.rises_past_cache(steady, 32 * MIB) == [] and calibrate.rises_past_cache(moved, None) == []
+    assert calibrate.rises_past_cache(moved, 512 * MIB) == []  # all inside the cache: its tiers may rise
+    real = calibrate.bandwidth_by_working_set
+    monkeypatch.setattr(calibrate, "machine_caches", lambda kind: [("L3", 2 * MIB)])
+    monkeypatch.setattr(calibrate, "bandwidth_by_working_set", lambda kind, sizes, plan: [
+        {**p, "bytes_per_s": p["bytes_per_s"] * (2 if p["bytes"] == max(sizes) else 1)} for p in real(kind, sizes, plan)])
+    spec, info = calibrate.calibrate("cpu", TINY)
+    assert any(line.endswith("the memory changed speed during the calibration") for line in info["noisy"])
+
+
 def test_a_calibration_while_other_processes_keep_the_cores_busy_is_noisy(monkeypatch):
     """A steady load confirms its own, slower, figures: the CPU time other processes used during
     the calibration (all processes' from /proc/stat, less this one's) flags it instead."""

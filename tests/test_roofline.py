@@ -157,15 +157,30 @@ CACHES = (("L2", 4 * MIB), ("L3", 480 * MIB))
 
 def test_bandwidth_at_a_working_set_interpolates_in_log_space_and_holds_at_the_ends():
     assert r.bandwidth_at_bytes_per_s(CURVE, 8 * MIB) == 57e9  # a measured point is itself
-    # half-way in log(bytes) between 32 MiB and 64 MiB: the geometric mean of the two rates
-    assert r.bandwidth_at_bytes_per_s(CURVE, 32 * MIB * 2**0.5) == pytest.approx((50e9 * 9e9) ** 0.5)
-    assert r.bandwidth_at_bytes_per_s(CURVE, 1) == 140e9 and r.bandwidth_at_bytes_per_s(CURVE, 2**40) == 12e9
+    # half-way in log(bytes) between 32 MiB and 64 MiB: the geometric mean of the two rates (64 MiB's
+    # 9 GB/s raised to the 12 read at 128 MiB: `roof_envelope`)
+    assert r.bandwidth_at_bytes_per_s(CURVE, 32 * MIB * 2**0.5) == pytest.approx((50e9 * 12e9) ** 0.5)
+    assert r.bandwidth_at_bytes_per_s(CURVE, 1) == 178e9 and r.bandwidth_at_bytes_per_s(CURVE, 2**40) == 12e9
     as_dicts = [{"bytes": b, "bytes_per_s": rate} for b, rate in reversed(CURVE)]  # calibrate's form, any order
     assert r.bandwidth_at_bytes_per_s(as_dicts, 3 * MIB) == r.bandwidth_at_bytes_per_s(CURVE, 3 * MIB)
     with pytest.raises(SpecError):
         r.bandwidth_at_bytes_per_s([], MIB)
     with pytest.raises(SpecError):
         r.bandwidth_at_bytes_per_s(CURVE, 0)
+
+
+def test_the_roof_never_rises_with_the_working_set():
+    """`roof_envelope`: a point read slower than a larger working set takes that one's rate
+    (bench-cpu-31's calibration, 2-core EPYC VM: 57 GB/s at 128 MiB, 95 at 256 MiB), so a decode
+    step's roof cannot rise as its context grows; a falling curve is left as measured."""
+    moved = ((32 * MIB, 150e9), (64 * MIB, 77e9), (128 * MIB, 57e9), (256 * MIB, 95e9))
+    assert r.roof_envelope(list(moved)) == [(32 * MIB, 150e9), (64 * MIB, 95e9), (128 * MIB, 95e9), (256 * MIB, 95e9)]
+    assert r.roof_envelope(list(CURVE[4:])) == [(16 * MIB, 57e9), (32 * MIB, 50e9), (64 * MIB, 12e9),
+                                                 (128 * MIB, 12e9), (512 * MIB, 12e9), (2048 * MIB, 12e9)]
+    assert r.bandwidth_at_bytes_per_s(moved, 128 * MIB) == 95e9
+    assert r.bandwidth_at_bytes_per_s(moved, 100 * MIB) == pytest.approx(95e9)
+    rates = [r.bandwidth_at_bytes_per_s(moved, size) for size in (40 * MIB, 80 * MIB, 160 * MIB, 300 * MIB)]
+    assert rates == sorted(rates, reverse=True)
 
 
 def test_tier_edges_lie_where_the_measured_roof_falls_and_name_the_tiers():
@@ -175,7 +190,7 @@ def test_tier_edges_lie_where_the_measured_roof_falls_and_name_the_tiers():
     assert 4 * MIB < l2["bytes"] < 8 * MIB and l2["cache_bytes"] == 4 * MIB  # the falls through the
     assert 32 * MIB < l3["bytes"] < 64 * MIB and l3["cache_bytes"] == 480 * MIB  # geometric means
     assert (l3["from_bytes_per_s"], l3["to_bytes_per_s"]) == (57e9, 12e9)  # each tier's best point
-    assert r.bandwidth_at_bytes_per_s(CURVE, l3["bytes"] * 1.01, [e["bytes"] for e in edges]) == 9e9
+    assert r.bandwidth_at_bytes_per_s(CURVE, l3["bytes"] * 1.01, [e["bytes"] for e in edges]) == 12e9
     flat = ((MIB, 10e9), (64 * MIB, 9.5e9), (2048 * MIB, 10e9))  # no tier 1.25x faster: no edge
     assert r.tier_edges(flat, CACHES, "DRAM") == []
 
@@ -184,8 +199,9 @@ def test_interpolation_never_blends_across_a_tier_edge():
     """Just past the L3's edge the roof is a DRAM rate, not a blend with the L3's 50 GB/s."""
     edges = [e["bytes"] for e in r.tier_edges(CURVE, CACHES, "DRAM")]
     past = edges[1] * 1.05
-    assert r.bandwidth_at_bytes_per_s(CURVE, past, edges) == 9e9  # held at the first DRAM-side point
-    assert r.bandwidth_at_bytes_per_s(CURVE, past) > 9e9  # without the edges: blended
+    # held at the first DRAM-side point (64 MiB's 9 GB/s raised to 128 MiB's 12: `roof_envelope`)
+    assert r.bandwidth_at_bytes_per_s(CURVE, past, edges) == 12e9
+    assert r.bandwidth_at_bytes_per_s(CURVE, past) > 12e9  # without the edges: blended
     assert r.bandwidth_at_bytes_per_s(CURVE, edges[1] * 0.95, edges) == 50e9
 
 
@@ -205,7 +221,8 @@ def test_the_roof_at_a_working_set_is_the_calibration_at_that_tier():
     weights = r.weight_bytes(model, "fp32", "matmul")
     assert step == pytest.approx(weights / r.roof_at_working_set(calibrated, weights).memory_bandwidth_bytes_per_s)
     small = r.predicted_decode_step_s(get_model("lab-tiny"), 1, 0, calibrated, "fp32", "fp32")
-    assert small == pytest.approx(r.weight_bytes(get_model("lab-tiny"), "fp32", "matmul") / 140e9)  # in the L2
+    # in the L2, at the 178 GB/s read at 2 MiB (`roof_envelope`: 1 MiB was read at 140)
+    assert small == pytest.approx(r.weight_bytes(get_model("lab-tiny"), "fp32", "matmul") / 178e9)
     assert r.predicted_decode_step_s(model, 1, 0, H100, "fp32", "fp32") == r.roofline_time_s(
         r.decode_flops_per_step(model, 1, 0, r.KERNEL), weights, H100, "fp32")  # a datasheet: unchanged
 
