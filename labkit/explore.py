@@ -31,8 +31,9 @@ def spread(low: int, high: int, step: int, count: int) -> list[int]:
 
 def measured_series(records: list[dict], x_key: str) -> dict:
     """Measured points sorted by `x_key`, with predicted time and residual (measured / predicted - 1),
-    and each point's fraction of its roof (`roof_phrase`, in its hover label). Noisy points
-    (spread above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
+    and each point's fraction of its roof (`roof_phrase`, in its hover label, with `moment_note`
+    on a line of its own where the point was judged by its moment too). Noisy points (spread
+    above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
     rows = sorted(records, key=lambda rec: rec[x_key])
     series = {"x": [], "time_s": [], "predicted_time_s": [], "residual": [], "noisy": [],
               "spread": [], "roof_fraction": [], "label": []}
@@ -45,9 +46,10 @@ def measured_series(records: list[dict], x_key: str) -> dict:
         series["spread"].append(rec.get("spread", 0.0))
         series["roof_fraction"].append(rec.get("roof_fraction"))
         roof = roof_phrase(rec) or f"{rec.get('bound', '')}-bound"
+        moment = moment_note(rec)  # a point far from its roof: what the bandwidth just after it said
         series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {roof}, "
                                f"spread {rec.get('spread', 0.0):.0%} over {rec.get('samples', 1)} calls"
-                               + (" (noisy)" if rec.get("noisy") else ""))
+                               + (" (noisy)" if rec.get("noisy") else "") + (f"<br>{moment}" if moment else ""))
     return series
 
 

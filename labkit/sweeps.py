@@ -293,10 +293,12 @@ def bind_decode(model: ModelSpec | str = DEFAULT_MODEL, **fixed):
 # ------------------------------------------------------------------ sweeps
 def prefill_sweep(model: ModelSpec | str = DEFAULT_MODEL, prompts=(256, 1024, 2048, 4096), batch: int = 1,
                   device: str | None = None, progress=None) -> list[dict]:
-    """measure_prefill at each prompt length; progress(done, total) after each point."""
+    """measure_prefill at each prompt length; progress(done, total) after each point. Each point
+    far from its roof is judged by its moment too (`with_moment`), as a slider's is: a lesson's
+    fixed chart says in its hover which was off, the calibration or the step."""
     points = []
     for i, prompt_tokens in enumerate(prompts):
-        points.append(measure_prefill(model, prompt_tokens, batch, device))
+        points.append(with_moment(measure_prefill(model, prompt_tokens, batch, device)))
         if progress:
             progress(i + 1, len(prompts))
     return points
@@ -305,12 +307,13 @@ def prefill_sweep(model: ModelSpec | str = DEFAULT_MODEL, prompts=(256, 1024, 20
 def decode_sweep(model: ModelSpec | str = DEFAULT_MODEL, batches=(1, 8, 32, 64), contexts=(256, 2048, 8192),
                  cache_dtypes=("bf16",), device: str | None = None, progress=None) -> list[dict]:
     """measure_decode over the grid cache_dtypes x batches x contexts. One cache per
-    (dtype, batch), sized for the longest context and filled once, serves every context."""
+    (dtype, batch), sized for the longest context and filled once, serves every context. Each
+    point far from its roof is judged by its moment too (`with_moment`, as `prefill_sweep`)."""
     grid = [(d, b, s) for d in cache_dtypes for b in batches for s in sorted(contexts)]
     capacity = max(contexts) + 1
     points = []
     for i, (cache_dtype, batch, context_tokens) in enumerate(grid):
-        points.append(measure_decode(model, batch, context_tokens, cache_dtype, device, capacity=capacity))
+        points.append(with_moment(measure_decode(model, batch, context_tokens, cache_dtype, device, capacity=capacity)))
         if progress:
             progress(i + 1, len(grid))
     return points

@@ -94,6 +94,11 @@ def test_each_measured_point_reports_its_fraction_of_the_roof_and_the_plan():
     assert "0.75 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in series["label"][0]
     assert "0.40 of the compute-bound roof (peak FLOP/s; the chapter plans 0.40)" in series["label"][1]
     assert explore.roof_phrase({"bound": "memory"}) is None  # no fraction measured: nothing claimed
+    assert "<br>" not in "".join(series["label"])  # judged by the calibration alone: no second line
+    judged = dict(records[0], roof_fraction=0.3, roof_bandwidth_bytes_per_s=100e9, achieved_bytes_per_s=30e9,
+                  moment_bandwidth_bytes_per_s=35e9, moment_roof_fraction=30 / 35)
+    assert explore.measured_series([judged], "batch")["label"][0].endswith("<br>" + explore.moment_note(judged))
+    assert "from a faster moment than this one" in explore.moment_note(judged)
     # a decode step whose kernels in turn lie off its roof: its fraction of theirs too, else not
     step = dict(records[0], in_turn_predicted_time_s=0.0039, in_turn_roof_fraction=0.975)
     assert explore.roof_phrase(step).endswith("plans 0.75), 0.97 of the roof of its kernels in turn")

@@ -68,14 +68,20 @@ def test_measure_decode_on_lab_tiny(fake_roof, cache_dtype):
     assert cache.host_lengths == [100] * 3, "timed steps must leave the context length where it was"
 
 
-def test_decode_at_context_zero_and_sweeps(fake_roof):
-    seen = []
+def test_decode_at_context_zero_and_sweeps(fake_roof, monkeypatch):
+    seen, reads = [], []
+    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: reads.append(
+        working_set_bytes) or 20e9)
     points = sweeps.decode_sweep("lab-tiny", batches=[1, 2], contexts=[0, 40], cache_dtypes=["bf16"],
                                  device="cpu", progress=lambda i, n: seen.append((i, n)))
     assert [(p["batch"], p["context_tokens"]) for p in points] == [(1, 0), (1, 40), (2, 0), (2, 40)]
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     prefill = sweeps.prefill_sweep("lab-tiny", prompts=[16, 32], device="cpu")
     assert [p["prompt_tokens"] for p in prefill] == [16, 32]
+    # a sweep's point far from its roof is judged by its moment too, as a slider's (`with_moment`)
+    far = [p for p in points + prefill if p["bound"] == "memory" and not 0.5 <= p["roof_fraction"] <= 1]
+    assert far and reads == [p["working_set_bytes"] for p in far]
+    assert all(("moment_roof_fraction" in p) == (p in far) for p in points + prefill)
     record = sweeps.bind_decode("lab-tiny", context_tokens=8, cache_dtype="fp32", device="cpu")(batch=2)
     assert (record["batch"], record["context_tokens"]) == (2, 8)
 
