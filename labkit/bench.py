@@ -18,7 +18,7 @@ tables show each point's median round, `median_round`), and writes every round's
 average, and the share of the cores other processes kept busy meanwhile) and the provenance (`recordings.write_recording`, never overwriting). `ratios` puts the measured
 gains beside the roofline's: tokens/s at B = 16 over B = 1, and each cache dtype's step time
 over fp32's (the issue's targets for a CPU decode step that batches and a cache dtype lever
-that works).
+that works); `targets` sets every figure beside the issue's target for it.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from . import backend, calibrate, sizes, sweeps
+from . import backend, calibrate, roofline, sizes, sweeps
 from .errors import LabError
 from .recordings import check_writable, write_recording
 from .specs import get_model
@@ -85,7 +85,11 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
                # the share of all cores other processes kept busy over the whole run (None: not known here)
                "others_busy_share": calibrate.others_busy_share(busy_from),
                "tables": {t: [row(p) for p in medians if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
-               "ratios": ratios(medians), "not_offered": sizes.NOT_OFFERED.get(here.device, {}), "points": points}
+               "ratios": ratios(medians),
+               "targets": targets(medians, ratios(medians), roofline.decode_compute_bound_batch_at_roof(
+                   spec, hardware, DECODE_CONTEXT, here.compute_dtype, settings["cache_dtype"], here.compute_dtype,
+                   roofline.KERNEL)),
+               "not_offered": sizes.NOT_OFFERED.get(here.device, {}), "points": points}
     path = write_recording(out, f"bench-{here.device}", payload)
     log(f"labkit: bench recording written to {path}")
     return path, payload
@@ -158,6 +162,54 @@ def ratios(points: list[dict]) -> dict:
     for dtype, point in by_dtype.items():
         if base is not None and dtype != "fp32":
             result[f"step_{dtype}_over_fp32"] = _ratio(point, base, "time_s", lambda p, t: t)
+    return result
+
+
+# Issue 13's targets as its "what resolved means" states them, for `targets`.
+ROOF_TARGET = 0.7  # decode points: of the roof of their moment and tier (the bracketed fraction)
+GAIN_TARGET = 0.75  # tokens/s at B = 16 over B = 1: of the ratio the roofline predicts
+RATIO_TOLERANCE = 0.25  # each cache dtype's step over fp32's: within this of the predicted ratio
+PREFILL_TARGET = 0.5  # prefill at P >= 1,024: of the calibrated matmul peak
+
+
+def targets(points: list[dict], gains: dict, compute_bound_batch: float | None) -> dict:
+    """Issue 13's targets beside what this run measured, each {"what", the figures, "met"}: a
+    report for whoever judges the issue, not a test (the bench passes or fails nothing). "met"
+    follows the issue's words: decode and cache-dtype points by their bracketed fraction; the
+    gain and the ratios against the calibration's prediction (the bracketed one shown beside).
+    `points`: the tables' points (median rounds); `gains`: `ratios`' output; compute_bound_batch:
+    the calibration's at S = DECODE_CONTEXT (`roofline.decode_compute_bound_batch_at_roof`;
+    None: no batch reaches it, so every batch is in range)."""
+    timed = [p for p in points if "time_s" in p]
+    in_range = [p for p in timed if p["table"] == "decode_batch"
+                and (compute_bound_batch is None or p["batch"] <= compute_bound_batch)]
+    dtypes = [p for p in timed if p["table"] == "cache_dtype"]
+    prefill = [p for p in timed if p["table"] == "prefill" and p["prompt_tokens"] >= 1024]
+    ceiling = "no batch reaches it" if compute_bound_batch is None else f"B ≈ {compute_bound_batch:,.1f}"
+    result = {
+        "decode_batches": {"what": f"every batch up to the compute-bound batch at S = {DECODE_CONTEXT:,} ({ceiling}) "
+                                   f"at >= {ROOF_TARGET} of its bracketed roof",
+                           "fractions": {f"B={p['batch']}": p["bracketed_roof_fraction"] for p in in_range}},
+        "cache_dtypes": {"what": f"every cache dtype at >= {ROOF_TARGET} of its bracketed roof",
+                         "fractions": {p["cache_dtype"]: p["bracketed_roof_fraction"] for p in dtypes}},
+        "prefill": {"what": f"prefill at P >= 1,024 at >= {PREFILL_TARGET} of the calibrated matmul peak",
+                    "fractions": {f"P={p['prompt_tokens']}": p["roof_fraction"] for p in prefill}},
+    }
+    result["decode_batches"]["met"] = bool(in_range) and all(f >= ROOF_TARGET for f in result["decode_batches"]["fractions"].values())
+    result["cache_dtypes"]["met"] = bool(dtypes) and all(f >= ROOF_TARGET for f in result["cache_dtypes"]["fractions"].values())
+    result["prefill"]["met"] = bool(prefill) and all(f >= PREFILL_TARGET for f in result["prefill"]["fractions"].values())
+    gain = gains.get("tokens_per_s_b16_over_b1")
+    if gain:
+        shares = {k: gain["measured"] / gain[k] for k in ("predicted", "predicted_bracketed") if k in gain}
+        result["gain_b16_over_b1"] = {"what": f"tokens/s at B = 16 over B = 1 at >= {GAIN_TARGET} of the predicted ratio",
+                                      "of_predicted": shares, "met": shares.get("predicted", 0) >= GAIN_TARGET}
+    steps = {name: ratio for name, ratio in gains.items() if name.startswith("step_")}
+    if steps:
+        off = {name: {k: ratio["measured"] / ratio[k] - 1 for k in ("predicted", "predicted_bracketed") if k in ratio}
+               for name, ratio in steps.items()}
+        result["cache_ratios"] = {"what": f"each cache dtype's step over fp32's within {RATIO_TOLERANCE:.0%} of the "
+                                          "predicted ratio", "off_predicted": off,
+                                  "met": all(abs(o.get("predicted", 1)) <= RATIO_TOLERANCE for o in off.values())}
     return result
 
 

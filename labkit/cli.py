@@ -244,7 +244,7 @@ def run_bench(args) -> dict:
     path, payload = bench.run_bench(args.device, args.out or bench.DEFAULT_OUT, args.model, log=_stderr,
                                     rounds=args.rounds)
     return {"recording": str(path), "device": payload["device"], "model": payload["model"], "rounds": payload["rounds"],
-            "tables": payload["tables"], "ratios": payload["ratios"], "load_average": payload["load_average"],
+            "tables": payload["tables"], "ratios": payload["ratios"], "targets": payload["targets"], "load_average": payload["load_average"],
             "others_busy_share": payload["others_busy_share"]}
 
 
@@ -304,6 +304,19 @@ def _label(key: str) -> str:
     return key.replace("_", " ")
 
 
+def _target_figures(target: dict) -> str:
+    """A `bench.targets` entry's figures in one line: fractions, shares of the prediction (on the
+    calibration, and on the brackets), or how far off the prediction each ratio is."""
+    if "fractions" in target:
+        return ", ".join(f"{k} {v:.2f}" for k, v in target["fractions"].items()) or "no point measured"
+    if "of_predicted" in target:
+        return ", ".join(f"{v:.2f} on the {'calibration' if k == 'predicted' else 'brackets'}"
+                         for k, v in target["of_predicted"].items())
+    return "; ".join(f"{name.removeprefix('step_').replace('_', ' ')} " + ", ".join(
+        f"{v:+.0%} on the {'calibration' if k == 'predicted' else 'brackets'}" for k, v in off.items())
+        for name, off in target["off_predicted"].items())
+
+
 def _print_pairs(result: dict):
     scalars = {_label(k): (k, v) for k, v in result.items() if not isinstance(v, (dict, list))}
     width = max(map(len, scalars), default=0)
@@ -353,6 +366,9 @@ def _print_human(command: str, result: dict):
                       if "predicted_bracketed" in ratio else "")
             print(f"{name.replace('_', ' ')}: measured {ratio['measured']:.2f}, predicted {ratio['predicted']:.2f} "
                   f"on the calibration{moment}")
+        print("issue 13's targets (a report: the bench itself passes or fails nothing):")
+        for target in result["targets"].values():
+            print(f"  {'met' if target['met'] else 'NOT met'}: {target['what']}: {_target_figures(target)}")
         print(f"recording: {result['recording']}")
     elif command == "breakdown":
         _print_rows(result["categories"], ["name", "time_s", "share", "roof_time_s", "roof_fraction", "flops",

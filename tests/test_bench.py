@@ -63,6 +63,8 @@ def test_a_bench_writes_one_bracketed_recording_and_never_overwrites(tmp_path):
     first = saved["tables"]["decode_batch"][0]
     assert first["point"] == "decode B=1, S=64, cache fp32" and first["time_s"] > 0
     assert set(saved["ratios"]) == {"tokens_per_s_b16_over_b1", "step_int8_over_fp32"}
+    assert set(saved["targets"]) == {"decode_batches", "cache_dtypes", "prefill", "gain_b16_over_b1", "cache_ratios"}
+    assert saved["targets"]["prefill"]["fractions"] == {}  # lab-tiny's P = 32 is not the issue's P >= 1,024
     assert saved["not_offered"] == sizes.NOT_OFFERED["cpu"] and "fp8" in saved["not_offered"]
     gain = saved["ratios"]["tokens_per_s_b16_over_b1"]
     b1, b16 = saved["tables"]["decode_batch"]
@@ -160,7 +162,32 @@ def test_the_command_prints_the_tables_and_the_recording(monkeypatch, capsys, tm
     out = capsys.readouterr().out
     assert "each point: its median of 2 rounds" in out and "bracketed rounds" in out
     assert "decode_batch:" in out and "prefill:" in out and "tokens per s b16 over b1: measured" in out
+    assert "issue 13's targets" in out and "met: every batch up to the compute-bound batch" in out
     assert out.strip().endswith(f"recording: {tmp_path / 'bench-cpu.json'}")
     assert cli.main(["bench", "--device", "cpu", "--model", "lab-tiny", "--out", str(tmp_path), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["recording"].endswith("bench-cpu-2.json") and got["tables"]["prefill"][0]["point"] == "prefill P=32"
+
+
+def test_targets_set_each_figure_beside_the_issues_target():
+    """`bench.targets`: the issue's words, judged on bench-cpu-32's figures (median rounds):
+    decode and cache dtypes by their bracketed fractions, the gain and the ratios against the
+    calibration's prediction; batches past the compute-bound one are out of range."""
+    def point(table, fraction, **shape):
+        return {"table": table, "time_s": 1.0, "bracketed_roof_fraction": fraction, "roof_fraction": fraction, **shape}
+    points = [point("decode_batch", f, batch=b) for b, f in ((1, 0.76), (4, 0.81), (16, 0.73), (32, 0.59))]
+    points += [point("cache_dtype", f, cache_dtype=d) for d, f in (("fp32", 0.72), ("int8", 0.75))]
+    points += [point("prefill", f, prompt_tokens=p) for p, f in ((1024, 0.54), (4096, 0.62))]
+    gains = {"tokens_per_s_b16_over_b1": {"measured": 5.92, "predicted": 6.02, "predicted_bracketed": 6.44},
+             "step_int8_over_fp32": {"measured": 0.46, "predicted": 0.39, "predicted_bracketed": 0.42}}
+    got = bench.targets(points, gains, compute_bound_batch=None)  # every batch in range: B=32's 0.59 misses
+    assert got["decode_batches"]["fractions"] == {"B=1": 0.76, "B=4": 0.81, "B=16": 0.73, "B=32": 0.59}
+    assert got["decode_batches"]["met"] is False and "no batch reaches it" in got["decode_batches"]["what"]
+    assert bench.targets(points, gains, compute_bound_batch=17.2)["decode_batches"]["met"] is True  # B=32 past it
+    assert got["cache_dtypes"]["met"] is True and got["prefill"]["met"] is True
+    assert got["gain_b16_over_b1"]["of_predicted"]["predicted"] == pytest.approx(5.92 / 6.02)
+    assert got["gain_b16_over_b1"]["met"] is True
+    assert got["cache_ratios"]["off_predicted"]["step_int8_over_fp32"]["predicted"] == pytest.approx(0.46 / 0.39 - 1)
+    assert got["cache_ratios"]["met"] is True  # +18 %
+    gains["step_int8_over_fp32"]["measured"] = 0.52  # +33 %: out
+    assert bench.targets(points, gains, None)["cache_ratios"]["met"] is False
