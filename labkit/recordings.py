@@ -46,6 +46,7 @@ def provenance(device: str, command: str | None = None) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv) if command is None else command,
         "git_commit": _git_commit(),
+        "git_changed_files": _git_changed_files(),
     }
 
 
@@ -71,6 +72,16 @@ def _git_commit() -> str | None:
     """HEAD of the repository, or LABKIT_GIT_COMMIT where the tree travelled without its .git
     (a copy sent to a GPU machine: set it to `git rev-parse HEAD` of the checkout it came from)."""
     return os.environ.get("LABKIT_GIT_COMMIT") or run_command(["git", "-C", str(_REPO), "rev-parse", "HEAD"])
+
+
+def _git_changed_files() -> list[str] | None:
+    """The tracked files that differ from HEAD where the measurement ran ([]: none), so a figure
+    taken with uncommitted changes says so beside its commit; None where that is not known (no
+    git, or a copied tree named by LABKIT_GIT_COMMIT)."""
+    if os.environ.get("LABKIT_GIT_COMMIT") or run_command(["git", "-C", str(_REPO), "rev-parse", "HEAD"]) is None:
+        return None
+    changed = run_command(["git", "-C", str(_REPO), "status", "--porcelain", "--untracked-files=no"])
+    return [line.split(maxsplit=1)[-1] for line in changed.splitlines()] if changed else []
 
 
 def to_json(value):

@@ -37,8 +37,20 @@ def test_provenance_takes_the_commit_from_the_environment_when_given(monkeypatch
     """A tree copied to a GPU machine travels without .git: LABKIT_GIT_COMMIT names its commit."""
     monkeypatch.setenv("LABKIT_GIT_COMMIT", "0123abc")
     assert recordings.provenance("cpu")["git_commit"] == "0123abc"
+    assert recordings.provenance("cpu")["git_changed_files"] is None  # what differed there is not known
     monkeypatch.delenv("LABKIT_GIT_COMMIT")
     assert recordings.provenance("cpu")["git_commit"] != "0123abc"
+
+
+def test_provenance_names_the_files_that_differ_from_the_commit(monkeypatch):
+    """A figure taken with uncommitted changes says which tracked files they were ([]: none)."""
+    outputs = {"rev-parse": "0123abc", "status": "M labkit/bench.py\n M labkit/cli.py"}
+    monkeypatch.setattr(recordings, "run_command", lambda args: outputs[args[3]])
+    assert recordings.provenance("cpu")["git_changed_files"] == ["labkit/bench.py", "labkit/cli.py"]
+    outputs["status"] = None  # git prints nothing for a clean tree
+    assert recordings.provenance("cpu")["git_changed_files"] == []
+    outputs["rev-parse"] = None  # not a git checkout
+    assert recordings.provenance("cpu")["git_changed_files"] is None
 
 
 def test_provenance_takes_a_command_and_a_torch_device():
