@@ -78,6 +78,7 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
             points.append({**_measure(spec, here.device, step), "round": r, "step": i - 1})
             log(f"[round {r}/{rounds}, {i}/{len(steps)}] {row(points[-1])['point']}: {_line(row(points[-1]))}")
     medians = [median_round([p for p in points if p["step"] == i]) for i in range(len(steps))]
+    gains = ratios(medians)
     payload = {"phase": "bench", "device": here.device, "model": spec.name, "compute_dtype": here.compute_dtype,
                "issue": 13, "rounds": rounds, "calibration": _calibration_summary(hardware, info),
                **({"fresh_calibration": unused} if unused else {}),
@@ -85,8 +86,8 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
                # the share of all cores other processes kept busy over the whole run (None: not known here)
                "others_busy_share": calibrate.others_busy_share(busy_from),
                "tables": {t: [row(p) for p in medians if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
-               "ratios": ratios(medians),
-               "targets": targets(medians, ratios(medians), roofline.decode_compute_bound_batch_at_roof(
+               "ratios": gains,
+               "targets": targets(medians, gains, roofline.decode_compute_bound_batch_at_roof(
                    spec, hardware, DECODE_CONTEXT, here.compute_dtype, settings["cache_dtype"], here.compute_dtype,
                    roofline.KERNEL)),
                "not_offered": sizes.NOT_OFFERED.get(here.device, {}), "points": points}
@@ -186,18 +187,18 @@ def targets(points: list[dict], gains: dict, compute_bound_batch: float | None) 
     dtypes = [p for p in timed if p["table"] == "cache_dtype"]
     prefill = [p for p in timed if p["table"] == "prefill" and p["prompt_tokens"] >= 1024]
     ceiling = "no batch reaches it" if compute_bound_batch is None else f"B ≈ {compute_bound_batch:,.1f}"
+
+    def at_least(what: str, fractions: dict, target: float) -> dict:  # met: some measured, all reach it
+        return {"what": what, "fractions": fractions, "met": bool(fractions) and min(fractions.values()) >= target}
     result = {
-        "decode_batches": {"what": f"every batch up to the compute-bound batch at S = {DECODE_CONTEXT:,} ({ceiling}) "
+        "decode_batches": at_least(f"every batch up to the compute-bound batch at S = {DECODE_CONTEXT:,} ({ceiling}) "
                                    f"at >= {ROOF_TARGET} of its bracketed roof",
-                           "fractions": {f"B={p['batch']}": p["bracketed_roof_fraction"] for p in in_range}},
-        "cache_dtypes": {"what": f"every cache dtype at >= {ROOF_TARGET} of its bracketed roof",
-                         "fractions": {p["cache_dtype"]: p["bracketed_roof_fraction"] for p in dtypes}},
-        "prefill": {"what": f"prefill at P >= 1,024 at >= {PREFILL_TARGET} of the calibrated matmul peak",
-                    "fractions": {f"P={p['prompt_tokens']}": p["roof_fraction"] for p in prefill}},
+                                   {f"B={p['batch']}": p["bracketed_roof_fraction"] for p in in_range}, ROOF_TARGET),
+        "cache_dtypes": at_least(f"every cache dtype at >= {ROOF_TARGET} of its bracketed roof",
+                                 {p["cache_dtype"]: p["bracketed_roof_fraction"] for p in dtypes}, ROOF_TARGET),
+        "prefill": at_least(f"prefill at P >= 1,024 at >= {PREFILL_TARGET} of the calibrated matmul peak",
+                            {f"P={p['prompt_tokens']}": p["roof_fraction"] for p in prefill}, PREFILL_TARGET),
     }
-    result["decode_batches"]["met"] = bool(in_range) and all(f >= ROOF_TARGET for f in result["decode_batches"]["fractions"].values())
-    result["cache_dtypes"]["met"] = bool(dtypes) and all(f >= ROOF_TARGET for f in result["cache_dtypes"]["fractions"].values())
-    result["prefill"]["met"] = bool(prefill) and all(f >= PREFILL_TARGET for f in result["prefill"]["fractions"].values())
     gain = gains.get("tokens_per_s_b16_over_b1")
     if gain:
         shares = {k: gain["measured"] / gain[k] for k in ("predicted", "predicted_bracketed") if k in gain}

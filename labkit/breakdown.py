@@ -39,8 +39,6 @@ reason rather than answered with launch times.
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from . import backend, calibrate, roofline, sweeps
@@ -69,7 +67,7 @@ def prefill_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, prompt_toke
     budget_s = _budget(budget_s)
     built = _cpu_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
-    _check(spec, batch, prompt_tokens, "prompt_tokens", low=1)
+    sweeps.check_shape(spec, batch, prompt_tokens, "prompt_tokens", low=1)
     cache_dtype = cache_dtype or dtype
     sweeps.ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
     tokens = _random_tokens(spec, (batch, prompt_tokens))
@@ -87,7 +85,7 @@ def decode_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, batch: int =
     budget_s = _budget(budget_s)
     built = _cpu_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
-    _check(spec, batch, context_tokens, "context_tokens", low=0)
+    sweeps.check_shape(spec, batch, context_tokens, "context_tokens", low=0)
     cache = sweeps.ensure_cache(built, batch, context_tokens + 1, cache_dtype, 1)  # no prefill
     if cache.filled_tokens < context_tokens:  # what a real cache holds, read the same way
         cache.fill_random(cache.max_tokens - 1)
@@ -203,17 +201,6 @@ def _cpu_model(model: ModelSpec | str, device: str | None):
     if backend.choose_device(device).device != "cpu":
         raise LabError(CUDA_REFUSED)
     return sweeps.get_built_model(model, device)
-
-
-def _check(spec: ModelSpec, batch, tokens, name: str, low: int):
-    """A batch of at least 1 and a token count within low .. the model's context, as integers."""
-    def integer(value):
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if not integer(batch) or batch < 1:
-        raise LabError(f"batch must be an integer >= 1, got {batch!r}")
-    if not integer(tokens) or not low <= tokens <= spec.max_context:
-        raise LabError(f"{name} must be an integer in {low:,}..{spec.max_context:,} "
-                       f"(the max context of {spec.name}), got {tokens!r}")
 
 
 def _random_tokens(spec: ModelSpec, shape) -> torch.Tensor:

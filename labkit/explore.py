@@ -53,8 +53,8 @@ def measured_series(records: list[dict], x_key: str) -> dict:
     return series
 
 
-# The kernels-in-turn roof is shown where it lies more than 2 % off the whole step's (`roof_phrase`,
-# `views._parts_from`): at batch 1 the two differ only by the few bytes the parts count besides.
+# The kernels-in-turn roof is shown where it lies more than 2 % off the whole step's (`in_turn_parts`):
+# at batch 1 the two differ only by the few bytes the parts count besides.
 IN_TURN_PARTS = 1.02
 IN_TURN_LABEL = "predicted, kernels in turn (each at its own roof)"
 PLAN_LABEL = (f"the chapter's planning line ({r.CHAPTER_MFU:.0%} of peak FLOP/s, "
@@ -74,10 +74,17 @@ def roof_phrase(point: dict) -> str | None:
                                                      else "bandwidth")
     plan = point.get("plan_fraction") or r.chapter_plan_fraction(bound)
     said = f"{point['roof_fraction']:.2f} of the {bound}-bound roof ({what}; the chapter plans {plan:.2f})"
-    in_turn = point.get("in_turn_predicted_time_s")
-    if in_turn is not None and in_turn > IN_TURN_PARTS * point["predicted_time_s"]:  # a decode step's kernels in turn
+    if in_turn_parts([point.get("in_turn_predicted_time_s")], [point.get("predicted_time_s")]):
         said += f", {point['in_turn_roof_fraction']:.2f} of the roof of its kernels in turn"
     return said
+
+
+def in_turn_parts(in_turn, roof) -> bool:
+    """Whether the kernels-in-turn roof (`roofline.in_turn_time_s`; times or tokens/s, None where
+    not known) lies more than IN_TURN_PARTS off the whole step's anywhere: shown only then, in a
+    point's line (`roof_phrase`) and as a chart's dotted line (`views`), not as a second line
+    under the first where every part is bound by the same resource."""
+    return any(a and b and max(a / b, b / a) > IN_TURN_PARTS for a, b in zip(in_turn or (), roof))
 
 
 def above_roof_note(fraction: float) -> str | None:
@@ -533,8 +540,9 @@ def throughput_series(records: list[dict]) -> dict:
     bandwidth falls) from a cache plateau (it stays near the roof)."""
     rows = sorted(records, key=lambda rec: rec["batch"])
     return {"batch": [rec["batch"] for rec in rows], "tokens_per_s": [rec["tokens_per_s"] for rec in rows],
-            "hover": [f"{rec['tokens_per_s']:,.0f} tokens/s; achieved {rec['achieved_bytes_per_s'] / 1e9:,.1f} GB/s"
-                      + (f", {roof_phrase(rec)}" if roof_phrase(rec) else "") for rec in rows],
+            "hover": [", ".join(filter(None, (f"{rec['tokens_per_s']:,.0f} tokens/s; achieved "
+                                              f"{rec['achieved_bytes_per_s'] / 1e9:,.1f} GB/s", roof_phrase(rec))))
+                      for rec in rows],
             "device_name": rows[0].get("device_name", rows[0]["device"]) if rows else "?"}
 
 

@@ -36,6 +36,7 @@ def provenance(device: str, command: str | None = None) -> dict:
     from .backend import device_name  # backend imports torch too
 
     kind = torch.device(getattr(device, "device", device)).type
+    commit = _git_commit()
     return {
         "device": kind, "device_name": device_name(kind),
         "driver": _nvidia_driver() if kind == "cuda" else None,
@@ -45,8 +46,9 @@ def provenance(device: str, command: str | None = None) -> dict:
         "hostname": socket.gethostname(), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv) if command is None else command,
-        "git_commit": _git_commit(),
-        "git_changed_files": _git_changed_files(),
+        "git_commit": commit,
+        # what differed from it there is not known for a copied tree named by LABKIT_GIT_COMMIT
+        "git_changed_files": None if commit is None or os.environ.get("LABKIT_GIT_COMMIT") else _git_changed_files(),
     }
 
 
@@ -74,12 +76,9 @@ def _git_commit() -> str | None:
     return os.environ.get("LABKIT_GIT_COMMIT") or run_command(["git", "-C", str(_REPO), "rev-parse", "HEAD"])
 
 
-def _git_changed_files() -> list[str] | None:
+def _git_changed_files() -> list[str]:
     """The tracked files that differ from HEAD where the measurement ran ([]: none), so a figure
-    taken with uncommitted changes says so beside its commit; None where that is not known (no
-    git, or a copied tree named by LABKIT_GIT_COMMIT)."""
-    if os.environ.get("LABKIT_GIT_COMMIT") or run_command(["git", "-C", str(_REPO), "rev-parse", "HEAD"]) is None:
-        return None
+    taken with uncommitted changes says so beside its commit."""
     changed = run_command(["git", "-C", str(_REPO), "status", "--porcelain", "--untracked-files=no"])
     return [line.split(maxsplit=1)[-1] for line in changed.splitlines()] if changed else []
 

@@ -153,7 +153,7 @@ def measure_prefill(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int =
     compute dtype unless `cache_dtype` is given) and compare it with the calibrated roofline."""
     built = get_built_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
-    _check_shape(spec, batch, prompt_tokens, "prompt_tokens", low=1)
+    check_shape(spec, batch, prompt_tokens, "prompt_tokens", low=1)
     cache_dtype = cache_dtype or dtype
     ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
     tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
@@ -174,7 +174,7 @@ def measure_decode(model: ModelSpec | str = DEFAULT_MODEL, batch: int = 1, conte
     `capacity` (>= context_tokens + 1) sizes a new cache so a sweep can reuse it."""
     built = get_built_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
-    _check_shape(spec, batch, context_tokens, "context_tokens", low=0)
+    check_shape(spec, batch, context_tokens, "context_tokens", low=0)
     cache = ensure_cache(built, batch, max(capacity or 0, context_tokens + 1), cache_dtype, 1)  # no prefill
     if cache.filled_tokens < context_tokens:  # fill the whole cache once; later contexts reuse it
         cache.fill_random(cache.max_tokens - 1)
@@ -240,9 +240,9 @@ def prefill_working_set_bytes(model: ModelSpec | str = DEFAULT_MODEL, prompt_tok
     return roofline.prefill_bytes(spec, prompt_tokens, batch, dtype, cache_dtype or dtype, KERNEL.params)
 
 
-def _check_shape(spec: ModelSpec, batch, tokens, name: str, low: int):
+def check_shape(spec: ModelSpec, batch, tokens, name: str, low: int):
     """Refuse a batch below 1 or a token count outside low..max context, or either not an integer,
-    saying what is allowed: a slider set past the range would otherwise fail deep in torch or, on
+    saying what is allowed (here and in `breakdown`): a slider set past the range would otherwise fail deep in torch or, on
     a tiny model, run a prefill of a million tokens for many minutes."""
     if not _is_integer(batch) or batch < 1:
         raise LabError(f"batch must be an integer >= 1, got {batch!r}")

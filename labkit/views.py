@@ -315,18 +315,11 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
     if "planned_time_s" in predicted:
         fig.add_scatter(x=predicted[x_key], y=predicted["planned_time_s"], mode="lines", line=PLAN,
                         name=explore.PLAN_LABEL, row=1, col=1)
-    if _parts_from(predicted.get("in_turn_time_s"), predicted["predicted_time_s"]):
+    if explore.in_turn_parts(predicted.get("in_turn_time_s"), predicted["predicted_time_s"]):
         fig.add_scatter(x=predicted[x_key], y=predicted["in_turn_time_s"], mode="lines", line=IN_TURN,
                         name=explore.IN_TURN_LABEL, row=1, col=1)
     add_tier_marks(fig, predicted.get("tiers", []), rows=(1, 2))
     return fig
-
-
-def _parts_from(line, roof) -> bool:
-    """Whether `line` (the kernels-in-turn roof, or None) lies more than `explore.IN_TURN_PARTS`
-    off `roof` anywhere: drawn only then, not as a second line under the first (a step
-    memory-bound in every part)."""
-    return line is not None and any(max(a / b, b / a) > explore.IN_TURN_PARTS for a, b in zip(line, roof))
 
 
 PLAN = dict(color=PREDICTED["color"], dash="dash", width=1.5)
@@ -700,7 +693,7 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
     """`explore.throughput_prediction` (line) and `explore.throughput_series` (measured points)
     against batch; the compute-bound batch is marked where it lies among the measured batches,
     and named in the title where it does not. The roof of the step's kernels in turn is dotted,
-    where it parts from the whole step's (`_parts_from`)."""
+    where it parts from the whole step's (`explore.in_turn_parts`)."""
     fig = go.Figure()
     fig.add_scatter(x=predicted["batch"], y=predicted["tokens_per_s"], mode="lines", line=PREDICTED,
                     name="predicted (calibrated roofline)")
@@ -718,7 +711,7 @@ def throughput_figure(predicted: dict, measured: dict, title: str) -> go.Figure:
         fig.add_scatter(x=predicted["batch"], y=predicted["planned_tokens_per_s"], mode="lines", line=PLAN,
                         name=explore.PLAN_LABEL)
         fig.data[0].name = _roof_name(predicted)
-    if _parts_from(predicted.get("in_turn_tokens_per_s"), predicted["tokens_per_s"]):
+    if explore.in_turn_parts(predicted.get("in_turn_tokens_per_s"), predicted["tokens_per_s"]):
         fig.add_scatter(x=predicted["batch"], y=predicted["in_turn_tokens_per_s"], mode="lines", line=IN_TURN,
                         name=explore.IN_TURN_LABEL)
     add_tier_marks(fig, predicted.get("tiers", []))
