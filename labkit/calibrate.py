@@ -7,8 +7,9 @@ does, and a GPU's datasheet peak is rarely reached. `calibrate` measures, in abo
   * the bandwidth roof by working set, on all cores: working sets from about 1 MiB to
     WORKING_SET_FACTOR x the last-level cache (`cpu_info.cpu_caches`; a GPU's L2), each read
     three ways — `x.sum()` over float32 ones and a matrix-vector product `x.view(-1, 256) @ ones`
-    (counted as the bytes read), and a copy of one half into the other (bytes read + written) —
-    and the roof at that working set is the fastest of the three. A decode step's GEMV then
+    (counted as the bytes read), and a copy of all of it into a second buffer (bytes read +
+    written; `COPY_BUFFERS` says why not half into the other half) — and the roof at that working
+    set is the fastest of the three. A decode step's GEMV then
     cannot beat its roof on an idle machine: the roof was measured with a GEMV too. A step whose
     weights fit in the L3 reads at the L3's rate, not the DRAM's (issue 13: 37-52 GB/s for
     4-64 MiB against 17-24 GB/s past 128 MiB on a 2-core Xeon VM);
@@ -63,7 +64,8 @@ from .recordings import write_json_atomic
 from .specs import HardwareSpec, preset_for_device_name
 
 MIB, GIB = 2**20, 2**30
-CACHE_FORMAT = 3  # 2: the bandwidth curve, the caches, noisy figures; 3: the CPU's fp32 peak by the fastest of two paths
+CACHE_FORMAT = 4  # 2: the bandwidth curve, the caches, noisy figures; 3: the CPU's fp32 peak by the fastest of two paths;
+# 4: the copy test reads the whole working set (`COPY_BUFFERS`: a half copy's roofs could be a cache's)
 MAX_AGE_S = 7 * 24 * 3600  # a week: drivers, clocks and neighbours change
 WORKING_SET_FACTOR = 4  # the sweep reaches 4x the last-level cache: well past it, into memory
 SMALLEST_WORKING_SET = MIB
@@ -253,24 +255,38 @@ def _figure(fn: Callable[[], object], work: float, kind: str, plan: Plan) -> dic
 def bandwidth_by_working_set(kind: str, sizes: list[int], plan: Plan) -> list[dict]:
     """For each working set (bytes): the read (sum), GEMV and copy rates, and the roof there,
     the fastest of them. One buffer of the largest size; smaller working sets are its start."""
-    check_fits(max(sizes), kind, "the calibration's bandwidth sweep")
+    check_fits(COPY_BUFFERS * max(sizes), kind, "the calibration's bandwidth sweep")
     buffer = torch.ones(max(sizes) // 4, dtype=torch.float32, device=kind)  # ones: no denormals
+    target = torch.empty_like(buffer)  # the copy's destination (`COPY_BUFFERS`)
     ones = torch.ones(ROW, dtype=torch.float32, device=kind)
     curve = []
     for size in sizes:
         n = size // 4
-        x, src, dst = buffer[:n], buffer[: n // 2], buffer[n // 2: n]
+        x, dst = buffer[:n], target[:n]
         rows = x.view(-1, ROW)
-        tests = {"read": _figure(lambda: x.sum(), size, kind, plan),
-                 "gemv": _figure(lambda: torch.mv(rows, ones), size, kind, plan),
-                 "copy": _figure(lambda: dst.copy_(src), size, kind, plan)}  # size/2 read + size/2 written
+        moved = {"read": size, "gemv": size, "copy": COPY_BUFFERS * size}
+        tests = {"read": _figure(lambda: x.sum(), moved["read"], kind, plan),
+                 "gemv": _figure(lambda: torch.mv(rows, ones), moved["gemv"], kind, plan),
+                 "copy": _figure(lambda: dst.copy_(x), moved["copy"], kind, plan)}
         best = max(tests, key=lambda name: tests[name]["rate"])
         curve.append({"bytes": size, "bytes_per_s": tests[best]["rate"], "best": best, "noisy": tests[best]["noisy"],
-                      "tests": {name: {"bytes_per_s": t["rate"], "bytes_moved": size,
+                      "tests": {name: {"bytes_per_s": t["rate"], "bytes_moved": moved[name],
                                        **{k: t[k] for k in ("samples_s", "calls_per_sample", "noisy", "spread")}}
                                 for name, t in tests.items()}})
-    del buffer
+    del buffer, target
     return curve
+
+
+# The copy test at a working set of W bytes reads all W into a second buffer of W (2 W moved: read +
+# written), so it reads as many bytes as a decode step of that working set, which reads them all.
+# It used to copy one half into the other: it read W / 2, and its destination, written past the
+# caches, took no room there, so in a cache holding W / 2 its rate was a cache's, filed under W.
+# 2-core EPYC VM whose two cores sometimes sit on two L3s (2 x 32 MiB), at W = 64 MiB: the half copy
+# 130-138 GB/s against the read's 100-120 (calibrate's own figures), and a bracket of 152 GB/s put
+# a B=1 decode step (64 MiB) at 0.43 of its roof (bench-cpu-33); torch timings interleaved, while
+# the cores sat on two L3s: the whole copy 91 GB/s median, the read 94, the half copy 105 (872
+# triples), and on one L3 48, 61 and 61 (1,193 triples; 2026-12-04).
+COPY_BUFFERS = 2
 
 
 def _matmul_peak(kind: str, dtype: str, sizes: tuple, plan: Plan) -> dict:

@@ -1,4 +1,5 @@
 """labkit.calibrate at tiny sizes: what it measures, its provenance, and the cache's life cycle."""
+import inspect
 import json
 import math
 import os
@@ -66,13 +67,32 @@ def test_the_roof_at_each_working_set_is_the_fastest_of_read_gemv_and_copy(measu
         assert set(tests) == {"read", "gemv", "copy"}
         assert point["bytes_per_s"] == max(t["bytes_per_s"] for t in tests.values())
         assert tests[point["best"]]["bytes_per_s"] == point["bytes_per_s"] and point["noisy"] == tests[point["best"]]["noisy"]
-        for test in tests.values():  # the confirmed fastest call: bytes over the fastest sample
-            assert test["bytes_moved"] == point["bytes"]  # the copy: half read, half written
-            assert test["bytes_per_s"] == pytest.approx(point["bytes"] / min(test["samples_s"]))
+        for name, test in tests.items():  # the confirmed fastest call: bytes over the fastest sample
+            # the copy reads the whole working set and writes as much (`COPY_BUFFERS`)
+            assert test["bytes_moved"] == point["bytes"] * (calibrate.COPY_BUFFERS if name == "copy" else 1)
+            assert test["bytes_per_s"] == pytest.approx(test["bytes_moved"] / min(test["samples_s"]))
             assert len(test["samples_s"]) >= 3
     assert spec.bandwidth_by_working_set == tuple((p["bytes"], p["bytes_per_s"]) for p in curve)
     assert spec.memory_bandwidth_bytes_per_s == curve[-1]["bytes_per_s"]  # the largest working set's
     assert info["bandwidth"]["copy"] == curve[-1]["tests"]["copy"] and info["bandwidth"]["read"] == curve[-1]["tests"]["read"]
+
+
+def test_every_bandwidth_test_reads_the_whole_working_set(monkeypatch):
+    """A test filed under W bytes reads all W: a copy of one half into the other read W / 2, and
+    where a cache held W / 2 its rate was that cache's, above what a step of W bytes can read."""
+    called = []
+
+    def record(fn, work, kind, plan):
+        called.append(inspect.getclosurevars(fn).nonlocals)
+        return {"rate": 1.0, "samples_s": [1.0] * 3, "calls_per_sample": 1, "noisy": False, "spread": 0.0}
+    monkeypatch.setattr(calibrate, "_figure", record)
+    size = 2 * MIB
+    calibrate.bandwidth_by_working_set("cpu", [size], TINY)
+    read, gemv, copy = called
+    assert read["x"].numel() * 4 == size and gemv["rows"].numel() * 4 == size
+    source, target = copy["x"], copy["dst"]
+    assert source.numel() * 4 == size and target.numel() * 4 == size
+    assert target.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()  # not into itself
 
 
 def test_matmul_peak_is_the_best_confirmed_rate_over_sizes(measured):
@@ -207,7 +227,7 @@ def test_cache_round_trip_measures_once(monkeypatch, tmp_path, quiet):
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": "2"}', "",
-                                     '{"format": 3, "spec": {"name": "x"}, "provenance": {}}'])
+                                     '{"format": 4, "spec": {"name": "x"}, "provenance": {}}'])
 def test_a_corrupted_cache_is_reported_and_measured_again(content, tmp_path, quiet):
     path = calibrate.cache_path("cpu")
     path.parent.mkdir(parents=True)
@@ -217,7 +237,7 @@ def test_a_corrupted_cache_is_reported_and_measured_again(content, tmp_path, qui
     assert info["cache_status"] == "measured (cached calibration unreadable)"
     assert spec.fp32_flops_per_s > 0
     assert json.loads(path.read_text())["spec"]["fp32_flops_per_s"] == spec.fp32_flops_per_s
-    assert json.loads(path.read_text())["format"] == calibrate.CACHE_FORMAT == 3
+    assert json.loads(path.read_text())["format"] == calibrate.CACHE_FORMAT == 4
 
 
 def test_a_cache_with_impossible_numbers_is_measured_again(quiet):
@@ -278,15 +298,16 @@ def test_a_cache_older_than_the_last_boot_is_measured_again(quiet, monkeypatch):
     assert calibrate.load_or_calibrate("cpu")[1]["cache_status"] == "hit"
 
 
-@pytest.mark.parametrize("old", [1, 2])
+@pytest.mark.parametrize("old", [1, 2, 3])
 def test_a_cache_of_an_old_format_is_measured_again_without_a_warning(old, quiet, recwarn):
     """Format 1 had no bandwidth curve, format 2 a CPU fp32 peak from torch's matmul alone (half
-    an AMD CPU's rate): out of date, not broken."""
+    an AMD CPU's rate), format 3 a copy test that read half its working set (a cache's rate where
+    the cache held that half): out of date, not broken."""
     path = calibrate.cache_path("cpu")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"format": old, "spec": {}, "provenance": {}}))
     assert calibrate.load_or_calibrate("cpu")[1]["cache_status"] == (
-        f"measured (cached calibration is of format {old}, this labkit writes 3)")
+        f"measured (cached calibration is of format {old}, this labkit writes {calibrate.CACHE_FORMAT})")
     assert not [w for w in recwarn if "unreadable" in str(w.message)]
 
 
