@@ -78,7 +78,7 @@ OTHERS_BUSY_LIMIT = 0.15
 # ... and so is a figure during which they did, over a window of at least this long (`_figure`).
 FIGURE_WINDOW_S = 1.0
 ROW = 256  # the GEMV read's row length (the lab-cpu model's hidden size)
-QUANTUM = 2 * ROW * 4  # working sets split into fp32 rows of ROW and into two halves for the copy
+QUANTUM = 2 * ROW * 4  # working sets a whole number of pairs of fp32 rows of ROW (pairs: the sizes of earlier calibrations)
 
 
 @dataclass(frozen=True)
@@ -279,8 +279,9 @@ def bandwidth_by_working_set(kind: str, sizes: list[int], plan: Plan) -> list[di
 
 # The copy test at a working set of W bytes reads all W into a second buffer of W (2 W moved: read +
 # written), so it reads as many bytes as a decode step of that working set, which reads them all.
-# It used to copy one half into the other: it read W / 2, and its destination, written past the
-# caches, took no room there, so in a cache holding W / 2 its rate was a cache's, filed under W.
+# It used to copy one half into the other: it read W / 2 (and large copies may write past the
+# caches, their destination taking no room there), so in a cache holding W / 2 its rate was a
+# cache's, filed under W.
 # 2-core EPYC VM whose two cores sometimes sit on two L3s (2 x 32 MiB), at W = 64 MiB: the half copy
 # 130-138 GB/s against the read's 100-120 (calibrate's own figures), and a bracket of 152 GB/s put
 # a B=1 decode step (64 MiB) at 0.43 of its roof (bench-cpu-33); torch timings interleaved, while
