@@ -30,6 +30,7 @@ from . import backend, calibrate, roofline, sizes, sweeps
 from .errors import LabError
 from .recordings import check_writable, write_recording
 from .specs import get_model
+from .timing import NOISY_SPREAD
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "data" / "recordings"
 DECODE_BATCHES, DECODE_CONTEXT = (1, 4, 16, 32), 1024
@@ -121,8 +122,23 @@ def median_round(rounds: list[dict]) -> dict:
     if not timed:
         return rounds[0]
     chosen = timed[(len(timed) - 1) // 2]
-    return {**chosen, "rounds_time_s": [p["time_s"] for p in rounds if "time_s" in p],
-            "rounds_bracketed_roof_fraction": [p["bracketed_roof_fraction"] for p in rounds if "time_s" in p]}
+    in_order = [p for p in rounds if "time_s" in p]
+    return {**chosen, "rounds_time_s": [p["time_s"] for p in in_order],
+            "rounds_bracketed_roof_fraction": [p["bracketed_roof_fraction"] for p in in_order],
+            "rounds_moment_changed": [moment_changed(p) for p in in_order]}
+
+
+def moment_changed(point: dict) -> bool | None:
+    """Whether the bandwidth read just before a bracketed point and the one just after differ by
+    more than timing.NOISY_SPREAD (the spread a trusted figure stays under): the machine changed
+    speed during the point, so its bracketed fraction judges it by a moment it may not have run
+    in. None for a point without both readings. Seen: a B=1 step read 105 GB/s before and 75
+    after, and its round put it at 0.58 of its roof where the other two gave 0.62 and 0.87
+    (bench-cpu-37, 2-core EPYC VM)."""
+    before, after = point.get("bandwidth_before_bytes_per_s"), point.get("bandwidth_after_bytes_per_s")
+    if not before or not after:
+        return None
+    return max(before, after) > (1 + NOISY_SPREAD) * min(before, after)
 
 
 def row(point: dict) -> dict:
@@ -138,7 +154,8 @@ def row(point: dict) -> dict:
     # a decode step's kernels in turn, each at its own roof (`roofline.in_turn_time_s`)
     keys += tuple(k for k in ("in_turn_predicted_time_s", "in_turn_roof_fraction", "bracketed_in_turn_fraction")
                   if k in point)
-    rounds = {k: point[k] for k in ("round", "rounds_time_s", "rounds_bracketed_roof_fraction") if k in point}
+    rounds = {k: point[k] for k in ("round", "rounds_time_s", "rounds_bracketed_roof_fraction", "rounds_moment_changed")
+              if k in point}
     return {"point": shape, **{k: point.get(k) for k in keys}, **rounds}
 
 

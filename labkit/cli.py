@@ -254,6 +254,12 @@ def _spread(fractions: list) -> str:
     return f"{min(known):.0%}-{max(known):.0%}".replace("%-", "-") if known else "-"
 
 
+def _moment_changes(changed: list) -> str:
+    """" (1 of 3 changed)": how many rounds the memory changed speed during (`bench.moment_changed`)."""
+    n = sum(1 for c in changed if c)
+    return f" ({n} of {len(changed)} changed)" if n else ""
+
+
 def _stderr(message: str):
     print(message, file=sys.stderr)
 
@@ -352,12 +358,16 @@ def _print_human(command: str, result: dict):
     elif command == "bench":
         columns = ("point", "time_s", "predicted_time_s", "tokens_per_s", "roof_fraction", "bracketed_roof_fraction",
                    "bracketed_rounds", "bracketed_in_turn_fraction", "roof_tier", "skipped")
+        from .bench import NOISY_SPREAD  # timing's, through bench (loaded already: the bench ran)
         print(f"each point: its median of {result['rounds']} rounds; bracketed rounds: the lowest and highest "
-              "bracketed roof fraction of its rounds; bracketed in turn: a decode step's fraction of the roof of "
-              "its kernels one after another, each at its own roof, on the bracketed bandwidth")
+              "bracketed roof fraction of its rounds (and how many of them the memory changed speed during: "
+              f"its readings before and after more than {NOISY_SPREAD:.0%} apart); bracketed in turn: a decode "
+              "step's fraction of the roof of its kernels one after another, each at its own roof, on the "
+              "bracketed bandwidth")
         for name, rows in result["tables"].items():
             print(f"{name}:")
-            rows = [{**r, "bracketed_rounds": _spread(r["rounds_bracketed_roof_fraction"])}
+            rows = [{**r, "bracketed_rounds": _spread(r["rounds_bracketed_roof_fraction"])
+                     + _moment_changes(r.get("rounds_moment_changed") or [])}
                     if r.get("rounds_bracketed_roof_fraction") else r for r in rows]
             shown = [c for c in columns if any(c in r for r in rows)]
             _print_rows([{c: r.get(c) for c in shown} for r in rows], shown)

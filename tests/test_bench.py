@@ -111,14 +111,31 @@ def test_the_recording_names_the_calibration_its_points_were_judged_by(tmp_path,
 
 
 def test_the_median_round_is_a_real_point():
-    rounds = [{"time_s": t, "bracketed_roof_fraction": f, "round": r}
-              for r, (t, f) in enumerate([(3.0, 0.5), (1.0, 0.9), (2.0, 0.7)], start=1)]
+    readings = [(105e9, 75e9), (60e9, 62e9), (70e9, 70e9)]  # the first round's memory changed speed
+    rounds = [{"time_s": t, "bracketed_roof_fraction": f, "round": r,
+               "bandwidth_before_bytes_per_s": b, "bandwidth_after_bytes_per_s": a}
+              for r, ((t, f), (b, a)) in enumerate(zip([(3.0, 0.5), (1.0, 0.9), (2.0, 0.7)], readings), start=1)]
     shown = bench.median_round(rounds)
     assert shown["round"] == 3 and shown["time_s"] == 2.0 and shown["bracketed_roof_fraction"] == 0.7
     assert shown["rounds_time_s"] == [3.0, 1.0, 2.0] and shown["rounds_bracketed_roof_fraction"] == [0.5, 0.9, 0.7]
+    assert shown["rounds_moment_changed"] == [True, False, False]
+    assert bench.row({**shown, "phase": "prefill", "prompt_tokens": 64})["rounds_moment_changed"] == [True, False, False]
     assert bench.median_round(rounds[:2])["round"] == 2  # of an even count, the faster middle one
     skipped = [{"table": "prefill", "skipped": "too long"}] * 3
     assert bench.median_round(skipped) == skipped[0]
+
+
+@pytest.mark.parametrize("before, after, changed", [(100e9, 125e9, False), (100e9, 126e9, True), (126e9, 100e9, True),
+                                                   (None, 80e9, None), (80e9, 0.0, None)])
+def test_a_moment_changed_where_the_readings_around_a_point_part_by_more_than_the_noisy_spread(before, after, changed):
+    """More than timing.NOISY_SPREAD apart, either way round; without both readings, unknown."""
+    point = {"bandwidth_before_bytes_per_s": before, "bandwidth_after_bytes_per_s": after}
+    assert bench.moment_changed(point) is changed
+
+
+def test_the_table_counts_the_rounds_the_memory_changed_speed_during():
+    assert cli._moment_changes([True, False, None]) == " (1 of 3 changed)"
+    assert cli._moment_changes([False, False, False]) == cli._moment_changes([]) == ""
 
 
 def test_rounds_out_of_range_are_refused(tmp_path, capsys):
@@ -161,6 +178,7 @@ def test_the_command_prints_the_tables_and_the_recording(monkeypatch, capsys, tm
     assert cli.main(["bench", "--device", "cpu", "--model", "lab-tiny", "--out", str(tmp_path), "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     assert "each point: its median of 2 rounds" in out and "bracketed rounds" in out
+    assert "the memory changed speed during: its readings before and after more than 25% apart" in out
     assert "decode_batch:" in out and "prefill:" in out and "tokens per s b16 over b1: measured" in out
     assert "issue 13's targets" in out and "met: every batch up to the compute-bound batch" in out
     assert out.strip().endswith(f"recording: {tmp_path / 'bench-cpu.json'}")
