@@ -133,6 +133,36 @@ def test_a_moment_changed_where_the_readings_around_a_point_part_by_more_than_th
     assert bench.moment_changed(point) is changed
 
 
+def _tries(readings):
+    """A stand-in for `bench._measure` that returns one point per (before, after) reading in turn."""
+    made = iter(readings)
+
+    def measure(spec, device, step):
+        before, after = next(made)
+        return {"table": step["table"], "time_s": before / 1e12, "bracketed_roof_fraction": 0.5,
+                "bandwidth_before_bytes_per_s": before, "bandwidth_after_bytes_per_s": after}
+    return measure
+
+
+def test_a_point_the_memory_changed_speed_during_is_measured_again_and_both_are_kept(monkeypatch):
+    monkeypatch.setattr(bench, "_measure", _tries([(105e9, 75e9), (70e9, 72e9)]))
+    point = bench._measure_settled(None, "cpu", STEPS[0])
+    assert point["bandwidth_before_bytes_per_s"] == 70e9 and bench.moment_changed(point) is False  # the retry
+    assert point["moment_changed_tries"] == [{"time_s": 0.105, "bracketed_roof_fraction": 0.5,
+                                              "bandwidth_before_bytes_per_s": 105e9,
+                                              "bandwidth_after_bytes_per_s": 75e9}]
+
+
+def test_retries_stop_after_moment_retries_and_a_settled_point_is_measured_once(monkeypatch):
+    monkeypatch.setattr(bench, "_measure", _tries([(105e9, 75e9)] * (bench.MOMENT_RETRIES + 2)))
+    point = bench._measure_settled(None, "cpu", STEPS[0])
+    assert len(point["moment_changed_tries"]) == bench.MOMENT_RETRIES and bench.moment_changed(point)  # still flagged
+    monkeypatch.setattr(bench, "_measure", _tries([(70e9, 72e9)]))  # a second call would find no reading
+    assert "moment_changed_tries" not in bench._measure_settled(None, "cpu", STEPS[0])
+    monkeypatch.setattr(bench, "_measure", lambda spec, device, step: {**step, "skipped": "too long"})
+    assert bench._measure_settled(None, "cpu", STEPS[0])["skipped"] == "too long"  # no readings: not retried
+
+
 def test_the_table_counts_the_rounds_the_memory_changed_speed_during():
     assert cli._moment_changes([True, False, None]) == " (1 of 3 changed)"
     assert cli._moment_changes([False, False, False]) == cli._moment_changes([]) == ""
