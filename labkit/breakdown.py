@@ -192,7 +192,20 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
             "measured_by": "peak FLOP/s" if measure_by == "flops" else "bandwidth",
             "step_fraction": step_work / (whole_s * rate),
             "plan_fraction": roofline.CHAPTER_MFU if measure_by == "flops" else roofline.CHAPTER_BANDWIDTH_EFFICIENCY,
-            "categories": rows}
+            "categories": rows, **_moment(built.device.type, measure_by, step_work / (whole_s * rate),
+                                          working_set_bytes, step_work / whole_s)}
+
+
+def _moment(device: str, measure_by: str, fraction: float, working_set_bytes: int, bytes_per_s: float) -> dict:
+    """For a step judged by bandwidth far from its roof (under roofline.FAR_FROM_ROOF or over it),
+    the bandwidth of its moment as `sweeps.with_moment` reads it for a measured point, so the
+    breakdown's line can say whether the calibration or the step was off (`explore.moment_note`):
+    a step at 104 % of the DRAM bandwidth, its products at 119 %, read with no word on why in lesson
+    04 (2-core EPYC VM). {} otherwise."""
+    point = sweeps.with_moment({"device": device, "bound": "memory" if measure_by == "bytes" else "compute",
+                                "roof_fraction": fraction, "working_set_bytes": working_set_bytes,
+                                "achieved_bytes_per_s": bytes_per_s})
+    return {k: point[k] for k in ("moment_bandwidth_bytes_per_s", "moment_roof_fraction") if k in point}
 
 
 # ------------------------------------------------------------------ set-up

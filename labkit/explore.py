@@ -105,10 +105,10 @@ L2_RESIDENT_NOTE = ("L2-resident: this working set is under twice the GPU's L2, 
                     "from the L2, not HBM; left out of the conclusions")
 
 
-def moment_note(point: dict) -> str | None:
+def moment_note(point: dict, where_slow: str = " (`python -m labkit breakdown` shows which part)") -> str | None:
     """What the bandwidth read just after a point far from its roof says (`sweeps.with_moment`),
     in one sentence; None without that reading. Near the roof of its moment, the calibration was
-    from another moment; far from it there too, the step itself is slow (the breakdown says where)."""
+    from another moment; far from it there too, the step itself is slow (`where_slow`: what says where)."""
     now = point.get("moment_bandwidth_bytes_per_s")
     if now is None:
         return None
@@ -121,7 +121,7 @@ def moment_note(point: dict) -> str | None:
         pace = "faster" if point["roof_bandwidth_bytes_per_s"] > now else "slower"
         return said + (f", so the calibration is from a {pace} moment than this one "
                        "(`python -m labkit calibrate --refresh` measures it again)")
-    return said + ", so this step itself is slow here (`python -m labkit breakdown` shows which part)"
+    return said + ", so this step itself is slow here" + where_slow
 
 
 def point_notes(point: dict) -> list[str]:
@@ -424,6 +424,10 @@ def breakdown_line(b: dict) -> str:
                      "so its overhead is below the timing's resolution and shown as 0")
     if b["noisy"]:
         notes.append("noisy: the machine was busy, run it again when it is quieter")
+    # far from its roof: what the bandwidth of its moment said (`breakdown._moment`), else over it why it can be
+    beyond = moment_note(b, ": its parts above say where") or above_roof_note(b["step_fraction"])
+    if beyond:
+        notes.append(beyond)
     return (f"On {b['device_name']}, this {breakdown_setting(b)} ran at {b['step_fraction']:.0%} of {rate} "
             f"(the chapter plans {b['plan_fraction']:.0%}). Each part adds its share of the time times its own "
             f"fraction: {'; '.join(parts)}." + "".join(f" Note: {note}." for note in notes))

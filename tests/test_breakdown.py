@@ -294,3 +294,22 @@ def test_the_chapter_plan_is_between_the_roof_and_its_inverse(fake_roof):
                                    budget_s=QUICK_S)
     ratio = b["planned_time_s"] / b["predicted_time_s"]
     assert math.isclose(ratio, 1 / r.CHAPTER_BANDWIDTH_EFFICIENCY) or math.isclose(ratio, 1 / r.CHAPTER_MFU)
+
+
+def test_a_step_far_from_its_roof_says_what_the_bandwidth_of_its_moment_said(monkeypatch):
+    """Over its roof (or far under it), a step judged by bandwidth reads the bandwidth of its
+    moment, and its line says which was off; a step over peak FLOP/s gets the above-roof note."""
+    over = {**record("decode"), "step_fraction": 1.04, "roof_bandwidth_bytes_per_s": 60e9}
+    assert "faster now than when it was calibrated" in explore.breakdown_line(over)  # no reading: why it can be
+    read = {**over, "moment_bandwidth_bytes_per_s": 70e9, "moment_roof_fraction": 0.89}
+    line = explore.breakdown_line(read)
+    assert "the memory read 70.0 GB/s at this working set just after it, where the calibration has 60.0 GB/s: " \
+           "0.89 of that roof, so the calibration is from a slower moment than this one" in line
+    slow = explore.breakdown_line({**read, "moment_roof_fraction": 0.3})
+    assert "so this step itself is slow here: its parts above say where" in slow and "python -m" not in slow
+    assert "calibrated" not in explore.breakdown_line(record())  # near its roof: no note
+    monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: 80e9)
+    assert breakdown._moment("cpu", "bytes", 1.2, 64 << 20, 72e9) == {"moment_bandwidth_bytes_per_s": 80e9,
+                                                                      "moment_roof_fraction": 0.9}
+    assert breakdown._moment("cpu", "bytes", 0.8, 64 << 20, 72e9) == {}  # near its roof: nothing read
+    assert breakdown._moment("cpu", "flops", 1.2, 64 << 20, 72e9) == {}  # judged by peak FLOP/s
