@@ -163,6 +163,11 @@ def test_retries_stop_after_moment_retries_and_a_settled_point_is_measured_once(
     assert bench._measure_settled(None, "cpu", STEPS[0])["skipped"] == "too long"  # no readings: not retried
 
 
+def test_the_rounds_range_reads_as_one_figure_where_its_ends_round_alike():
+    assert cli._spread([0.45, 0.671, 0.5]) == "45-67%" and cli._spread([0.566, 0.57, 0.574]) == "57%"
+    assert cli._spread([None, 0.8]) == "80%" and cli._spread([None]) == "-" and cli._spread([0.95, 1.05]) == "95-105%"
+
+
 def test_the_table_counts_the_rounds_the_memory_changed_speed_during():
     assert cli._moment_changes([True, False, None]) == " (1 of 3 changed)"
     assert cli._moment_changes([False, False, False]) == cli._moment_changes([]) == ""
