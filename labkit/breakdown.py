@@ -172,6 +172,7 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
                      "contributed_fraction": seconds[part] / whole_s * rate_fraction})
     flops_total = sum(w["flops"] for w in work.values())
     step_work = flops_total if measure_by == "flops" else sum(w["bytes"] for w in work.values())
+    step_fraction = step_work / (whole_s * rate)
     return {"phase": phase, "device": built.device.type, "device_name": backend.device_name(built.device.type),
             "hardware": hardware.name, "model": built.spec.name, **shape, "compute_dtype": dtype,
             "kernels": built.decode_path.name if phase == "decode" else built.ops.name,
@@ -190,22 +191,14 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
             "roof_parts_time_s": roofline.in_turn_time_s(work, roof, dtype),  # the parts in turn
             "flops": flops_total, "bytes": sum(w["bytes"] for w in work.values()),  # every part's, counted
             "measured_by": "peak FLOP/s" if measure_by == "flops" else "bandwidth",
-            "step_fraction": step_work / (whole_s * rate),
+            "step_fraction": step_fraction,
             "plan_fraction": roofline.CHAPTER_MFU if measure_by == "flops" else roofline.CHAPTER_BANDWIDTH_EFFICIENCY,
-            "categories": rows, **_moment(built.device.type, measure_by, step_work / (whole_s * rate),
-                                          working_set_bytes, step_work / whole_s)}
-
-
-def _moment(device: str, measure_by: str, fraction: float, working_set_bytes: int, bytes_per_s: float) -> dict:
-    """For a step judged by bandwidth far from its roof (under roofline.FAR_FROM_ROOF or over it),
-    the bandwidth of its moment as `sweeps.with_moment` reads it for a measured point, so the
-    breakdown's line can say whether the calibration or the step was off (`explore.moment_note`):
-    a step at 104 % of the DRAM bandwidth, its products at 119 %, read with no word on why in lesson
-    04 (2-core EPYC VM). {} otherwise."""
-    point = sweeps.with_moment({"device": device, "bound": "memory" if measure_by == "bytes" else "compute",
-                                "roof_fraction": fraction, "working_set_bytes": working_set_bytes,
-                                "achieved_bytes_per_s": bytes_per_s})
-    return {k: point[k] for k in ("moment_bandwidth_bytes_per_s", "moment_roof_fraction") if k in point}
+            "categories": rows,
+            # far from its roof, the bandwidth of its moment, so the line can say whether the calibration
+            # or the step was off (`explore.moment_note`): lesson 04's breakdown read "104% of the DRAM
+            # bandwidth, products at 119%" with no word on why (2-core EPYC VM)
+            **sweeps.moment(built.device.type, "memory" if measure_by == "bytes" else "compute", step_fraction,
+                            working_set_bytes, step_work / whole_s)}
 
 
 # ------------------------------------------------------------------ set-up

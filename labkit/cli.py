@@ -251,10 +251,10 @@ def run_bench(args) -> dict:
 def _spread(fractions: list) -> str:
     """The lowest and highest of some fractions, as percentages: "45-67%", or "57%" where they
     round alike."""
-    known = [f"{f:.0%}" for f in fractions if f is not None]
+    known = [f for f in fractions if f is not None]
     if not known:
         return "-"
-    low, high = min(known, key=lambda t: int(t[:-1])), max(known, key=lambda t: int(t[:-1]))
+    low, high = f"{min(known):.0%}", f"{max(known):.0%}"
     return low if low == high else f"{low[:-1]}-{high}"
 
 

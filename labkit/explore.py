@@ -424,7 +424,7 @@ def breakdown_line(b: dict) -> str:
                      "so its overhead is below the timing's resolution and shown as 0")
     if b["noisy"]:
         notes.append("noisy: the machine was busy, run it again when it is quieter")
-    # far from its roof: what the bandwidth of its moment said (`breakdown._moment`), else over it why it can be
+    # far from its roof: what the bandwidth of its moment said (`sweeps.moment`), else over it why it can be
     beyond = moment_note(b, ": its parts above say where") or above_roof_note(b["step_fraction"])
     if beyond:
         notes.append(beyond)

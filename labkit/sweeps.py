@@ -270,12 +270,18 @@ def with_moment(point: dict) -> dict:
     64 MiB buffer read at 65-113 GB/s within 4 s, and 128 MiB at 46-58 GB/s one minute and 84-96
     another, so a lesson's point at 0.41 of its calibrated roof could be a slow step or a
     calibration from a faster moment. The second reading tells which (`explore.moment_note`)."""
-    fraction = point.get("roof_fraction")
-    if point.get("device") != "cpu" or point.get("bound") != "memory" or fraction is None \
-            or roofline.FAR_FROM_ROOF <= fraction <= 1.0:
-        return point
-    now = calibrate.bandwidth_now("cpu", point["working_set_bytes"])
-    return {**point, "moment_bandwidth_bytes_per_s": now, "moment_roof_fraction": point["achieved_bytes_per_s"] / now}
+    return {**point, **moment(point.get("device"), point.get("bound"), point.get("roof_fraction"),
+                              point.get("working_set_bytes"), point.get("achieved_bytes_per_s"))}
+
+
+def moment(device, bound, fraction, working_set_bytes, achieved_bytes_per_s) -> dict:
+    """`with_moment`'s reading for a run of `fraction` of its roof: moment_bandwidth_bytes_per_s and
+    moment_roof_fraction for a CPU run bound by memory under roofline.FAR_FROM_ROOF or over 1,
+    else {} (nothing read). A measured point and a breakdown (`breakdown._split`) both ask it."""
+    if device != "cpu" or bound != "memory" or fraction is None or roofline.FAR_FROM_ROOF <= fraction <= 1.0:
+        return {}
+    now = calibrate.bandwidth_now("cpu", working_set_bytes)
+    return {"moment_bandwidth_bytes_per_s": now, "moment_roof_fraction": achieved_bytes_per_s / now}
 
 
 def bind_prefill(model: ModelSpec | str = DEFAULT_MODEL, **fixed):

@@ -309,7 +309,7 @@ def test_a_step_far_from_its_roof_says_what_the_bandwidth_of_its_moment_said(mon
     assert "so this step itself is slow here: its parts above say where" in slow and "python -m" not in slow
     assert "calibrated" not in explore.breakdown_line(record())  # near its roof: no note
     monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: 80e9)
-    assert breakdown._moment("cpu", "bytes", 1.2, 64 << 20, 72e9) == {"moment_bandwidth_bytes_per_s": 80e9,
-                                                                      "moment_roof_fraction": 0.9}
-    assert breakdown._moment("cpu", "bytes", 0.8, 64 << 20, 72e9) == {}  # near its roof: nothing read
-    assert breakdown._moment("cpu", "flops", 1.2, 64 << 20, 72e9) == {}  # judged by peak FLOP/s
+    assert sweeps.moment("cpu", "memory", 1.2, 64 << 20, 72e9) == {"moment_bandwidth_bytes_per_s": 80e9,
+                                                                   "moment_roof_fraction": 0.9}
+    assert sweeps.moment("cpu", "memory", 0.8, 64 << 20, 72e9) == {}  # near its roof: nothing read
+    assert sweeps.moment("cpu", "compute", 1.2, 64 << 20, 72e9) == {}  # judged by peak FLOP/s
