@@ -60,7 +60,7 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 
 # numba compiles the CPU step's kernels on first use; here instead, at setup, and again whenever the
 # code they are made from changes (a `git pull`), so no lesson waits for it.
-$(WARM): $(STAMP) labkit/cpu_kernels.py labkit/cpu_step.py labkit/cpu_decode.py labkit/cpu_linear.py labkit/warm.py
+$(WARM): $(STAMP) $(wildcard labkit/cpu_kernels/*.py) labkit/cpu_step.py labkit/cpu_decode.py labkit/cpu_linear.py labkit/warm.py
 	@echo "venv: compiling the CPU decode step's numba kernels (up to ~40 s; see labkit/warm.py)"
 	@$(PY) -m labkit.warm
 	@touch $@

@@ -26,9 +26,7 @@ as stored (`cpu_decode.AS_STORED`); logits [Bp, 16 P] (the caller takes [:B, :V]
 """
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -111,42 +109,6 @@ if AVAILABLE:
         return _product(rms_norm(x, final_norm, eps), panels[4 * len(attn_norms)], parts)
 
 
-def drop_stale_builds(folder: Path, index_name: str, kernels_digest: str) -> bool:
-    """Delete numba's cached builds of one function (`index_name`, its .nbi, and its .nbc files in
-    `folder`) unless the mark beside them says they were made with the kernels whose source hashes
-    to `kernels_digest`; then write that mark. True if builds were dropped.
-
-    Why: numba keys a cached build by the contents of its own file only, but a build of
-    `decode_step` holds the kernels it calls (cpu_kernels.py) compiled into it. After cpu_kernels.py
-    changed (a `git pull`, an edit), the cached one-call step kept running the old kernels (seen: an
-    edited panel product left the step's time unchanged) while the separate calls ran the new ones."""
-    mark = folder / f"{index_name}.kernels"
-    try:
-        if mark.read_text() == kernels_digest:
-            return False
-    except OSError:
-        pass
-    stem = index_name.removesuffix(".nbi")
-    dropped = False
-    try:
-        for path in folder.glob(f"{stem}.*"):
-            if path.suffix in (".nbi", ".nbc"):
-                path.unlink(missing_ok=True)
-                dropped = True
-        mark.write_text(kernels_digest)
-    except OSError:  # a read-only install: numba itself then caches elsewhere or not at all
-        pass
-    return dropped
-
-
-def _builds_made_with_these_kernels() -> None:
-    """`drop_stale_builds` for this module's compiled functions, where numba caches them."""
-    digest = hashlib.sha256(Path(cpu_kernels.__file__).read_bytes()).hexdigest()
-    for dispatcher in (decode_step, _product):
-        cache = dispatcher._cache  # numba 0.68's FunctionCache (tested: a change of numba that moves it fails a test)
-        drop_stale_builds(Path(cache._cache_path), cache._cache_file._index_name, digest)
-
-
 _POOL_STARTED_IN = [None]  # the process (pid) in which `run_step` has started numba's pool
 
 
@@ -162,5 +124,5 @@ def run_step(*args):
     return decode_step(*args)
 
 
-if AVAILABLE:
-    _builds_made_with_these_kernels()
+if AVAILABLE:  # a cached build of `decode_step` holds the kernels compiled in: dropped when they change
+    cpu_kernels.keep_builds_current(globals())

@@ -26,14 +26,28 @@ UNLISTED = ("errors",)  # the exception classes: a leaf every module may import,
 
 
 def modules() -> dict[str, Path]:
-    return {path.stem: path for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"}
+    """labkit's modules by name: "roofline", and in a subpackage "cpu_kernels" (its __init__) and
+    "cpu_kernels.panels"."""
+    found = {path.stem: path for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"}
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        found[init.parent.name] = init
+        found.update((f"{init.parent.name}.{path.stem}", path) for path in sorted(init.parent.glob("*.py"))
+                     if path.stem != "__init__")
+    return found
 
 
 def imports_of(path: Path) -> list[tuple[str, int, bool]]:
     """(imported top-level name, line, inside a function?) for each import in `path`; a labkit
-    module is named by its own name ("roofline"), anything else by its package ("torch")."""
+    module is named as `modules` names it ("roofline", "cpu_kernels.panels"), anything else by its
+    package ("torch")."""
     tree = ast.parse(path.read_text())
     found = []
+    inside = path.parent.name if path.parent != PACKAGE else None  # the subpackage `path` is in
+
+    def relative(level: int, name: str) -> str:  # `from .name` / `from ..name` as `modules` names it
+        if inside and level == 1:
+            return f"{inside}.{name}"
+        return name
 
     def visit(node, in_function: bool):
         for child in ast.iter_child_nodes(node):
@@ -42,7 +56,8 @@ def imports_of(path: Path) -> list[tuple[str, int, bool]]:
                 found.extend((alias.name.split(".")[0], child.lineno, in_function) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
                 if child.level:  # from . import x / from .x import y
-                    names = [child.module.split(".")[0]] if child.module else [a.name for a in child.names]
+                    names = ([relative(child.level, child.module.split(".")[0])] if child.module
+                             else [relative(child.level, a.name) for a in child.names])
                 else:
                     names = [child.module.split(".")[0]] if child.module != "labkit" else [a.name for a in child.names]
                 found.extend((name, child.lineno, in_function) for name in names)
@@ -97,7 +112,7 @@ def test_every_function_level_import_says_why():
         lines = path.read_text().splitlines()
         for imp, line, in_function in imports_of(path):
             if in_function and "#" not in lines[line - 1] and not lines[line - 2].strip().startswith("#"):
-                silent.append(f"labkit/{name}.py:{line} imports {imp} inside a function without a reason")
+                silent.append(f"{path.relative_to(ROOT)}:{line} imports {imp} inside a function without a reason")
     assert not silent, "\n".join(silent)
 
 
@@ -109,8 +124,8 @@ def architecture_table() -> dict[str, set[str]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 3 or not cells[0].startswith("`"):
             continue
-        listed = set(re.findall(r"`?([a-z_]+)`?", cells[2].replace("stdlib", "").replace("only", "")))
-        for module in re.findall(r"`([a-z_]+)`", cells[0]):
+        listed = set(re.findall(r"`?([a-z_][a-z_0-9.]*[a-z_0-9])`?", cells[2].replace("stdlib", "").replace("only", "")))
+        for module in re.findall(r"`([a-z_][a-z_0-9.]*)`", cells[0]):
             rows[module] = listed
     return rows
 

@@ -1,11 +1,15 @@
 """labkit.cpu_kernels against their numpy references, and labkit.cpu_linear's three kinds of
 products against each other: the CPU decode step's products and attention, each forced."""
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from kernels.tolerances import float_tolerance
 from labkit import backend, cpu_kernels, cpu_linear
+from labkit.cpu_kernels import _jit, attention_blocks, attention_int8
 from labkit.errors import LabError
 
 numba = pytest.importorskip("numba", reason="the CPU kernels need numba (a pin of requirements.txt)")
@@ -114,7 +118,7 @@ def test_linear_columns_and_on_cores_equal_the_reference(rows, out_features):
 @numba.njit
 def _widen_all(codes, out):
     for i in range(codes.shape[0]):
-        out[i] = cpu_kernels.widen(codes[i]) * cpu_kernels.widen_unit(codes)
+        out[i] = attention_blocks.widen(codes[i]) * attention_blocks.widen_unit(codes)
 
 
 @pytest.mark.parametrize("storage", [np.uint8, np.uint16, np.int16, np.int8])
@@ -135,7 +139,7 @@ def test_widen_is_exact_for_every_code(storage):
 @numba.njit
 def _exp_all(x, out):
     for i in range(x.shape[0]):
-        out[i] = cpu_kernels.exp_nonpositive(x[i])
+        out[i] = _jit.exp_nonpositive(x[i])
 
 
 def test_exp_nonpositive_is_fp32_accurate():
@@ -462,7 +466,7 @@ def test_the_fused_elementwise_kernels_equal_the_steps_numpy(rows):
 @pytest.mark.parametrize("length", [4096, 1000, 257, 9])
 def test_int8_attention_in_integers_stays_near_the_reference(length):
     """lab-cpu's int8 attention (dh = 64, G = 2) runs in integers here: `decode_attention` gives
-    `_attend_pair_int8`'s output (to 1e-6: inlined under fastmath, a division may become a
+    `attend_pair_int8`'s output (to 1e-6: inlined under fastmath, a division may become a
     multiply by its reciprocal; the float path is 1e-5 to 2e-4 away), and q and the weights
     rounded to int16 keep it within 1e-3 of the largest output of the float64 reference over the
     same codes (measured: ~2e-4 at 4,096 keys; the cache's own int8 rounding is ~4e-3 of each
@@ -480,7 +484,7 @@ def test_int8_attention_in_integers_stays_near_the_reference(length):
         err = np.abs(out - ref).max() / np.abs(ref).max()
         assert err < 1e-3, f"{length} keys, sharpness {sharpness}: {err:.2e} of the largest output"
         direct = np.full((2, dh), np.nan, np.float32)
-        cpu_kernels._attend_pair_int8(q[1, 1], k[1, 1], v[1, 1], k_scale[1, 1], v_scale[1, 1], one, one,
+        attention_int8.attend_pair_int8(q[1, 1], k[1, 1], v[1, 1], k_scale[1, 1], v_scale[1, 1], one, one,
                                       lengths[1], direct)
         np.testing.assert_allclose(out[1, 1], direct, rtol=1e-6, atol=1e-6 * np.abs(direct).max())
 
@@ -500,3 +504,54 @@ def test_int8_attention_in_integers_does_not_overflow():
     out = np.full(q.shape, np.nan, np.float32)
     cpu_kernels.decode_attention(q, k, v, True, k_scale, v_scale, one, one, lengths, out, 0, B * Hkv)
     np.testing.assert_allclose(out, np.float32(1.27), rtol=1e-5)
+
+
+# ------------------------------------------------------------------ numba's cached builds
+def test_stale_builds_are_dropped_when_the_kernels_change(tmp_path):
+    """A cached build holds the kernels it calls compiled in, and numba keys it by its own file
+    alone: builds made with other kernels are deleted (index and objects), another function's
+    builds are left, and builds made with these kernels are kept."""
+    index = "cpu_step.decode_step-57.py311.nbi"
+    ours = [tmp_path / index, tmp_path / "cpu_step.decode_step-57.py311.1.nbc",
+            tmp_path / "cpu_step.decode_step-57.py311.12.nbc"]
+    other = [tmp_path / "cpu_step._product-46.py311.nbi", tmp_path / "cpu_step.decode_step-570.py311.nbi"]
+    for path in ours + other:
+        path.write_bytes(b"build")
+    assert cpu_kernels.drop_stale_builds(tmp_path, index, "digest-1"), "builds without a mark are of unknown kernels"
+    assert not any(p.exists() for p in ours) and all(p.exists() for p in other)
+    assert (tmp_path / f"{index}.kernels").read_text() == "digest-1"
+    for path in ours:  # numba's builds with these kernels
+        path.write_bytes(b"build")
+    assert not cpu_kernels.drop_stale_builds(tmp_path, index, "digest-1")
+    assert all(p.exists() for p in ours)
+    assert cpu_kernels.drop_stale_builds(tmp_path, index, "digest-2"), "a kernel's file changed"
+    assert not any(p.exists() for p in ours) and all(p.exists() for p in other)
+
+
+def test_the_sources_digest_changes_with_any_kernel_file(tmp_path):
+    """The mark covers every file of the package: a copy hashes alike, and an edit to any one
+    file (here the stores, which the attention's builds do not call) changes it."""
+    package = Path(cpu_kernels.__file__).parent
+    copy, edited = (shutil.copytree(package, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+                    for name in ("copy", "edited"))
+    assert cpu_kernels.sources_digest(copy) == cpu_kernels.sources_digest()
+    (edited / "stores.py").write_text((package / "stores.py").read_text() + "# an edit\n")
+    assert cpu_kernels.sources_digest(edited) != cpu_kernels.sources_digest()
+
+
+def test_every_cached_build_is_marked_with_these_kernels():
+    """Importing the kernels and cpu_step marked every function numba caches, in every file of the
+    package and cpu_step's, with the package's digest, through the numba internals
+    `drop_stale_builds` is given (a numba that moves them fails here, not silently)."""
+    from labkit import cpu_step
+    from labkit.cpu_kernels import (_jit, attention, attention_blocks, attention_int8, elementwise, few_rows, panels,
+                                    stores)
+    marked = 0
+    for module in (_jit, attention, attention_blocks, attention_int8, elementwise, few_rows, panels, stores, cpu_step):
+        for dispatcher in vars(module).values():
+            cache = getattr(dispatcher, "_cache", None)
+            if isinstance(cache, numba.core.caching.FunctionCache):
+                mark = Path(cache._cache_path) / f"{cache._cache_file._index_name}.kernels"
+                assert mark.read_text() == cpu_kernels.sources_digest(), mark
+                marked += 1
+    assert marked >= 25, f"only {marked} cached functions found: numba's cache moved?"

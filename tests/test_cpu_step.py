@@ -176,39 +176,6 @@ def test_a_fresh_process_loads_the_one_call_step_from_numbas_cache_and_runs_it()
         assert done.returncode == 0, f"run {run}: exit {done.returncode}\n{done.stderr[-2000:]}"
 
 
-def test_stale_builds_are_dropped_when_the_kernels_change(tmp_path):
-    """A cached build of `decode_step` holds cpu_kernels' code compiled in, and numba keys it by
-    cpu_step.py alone: builds made with other kernels are deleted (index and objects), another
-    function's builds are left, and builds made with these kernels are kept."""
-    index = "cpu_step.decode_step-57.py311.nbi"
-    ours = [tmp_path / index, tmp_path / "cpu_step.decode_step-57.py311.1.nbc",
-            tmp_path / "cpu_step.decode_step-57.py311.12.nbc"]
-    other = [tmp_path / "cpu_step._product-46.py311.nbi", tmp_path / "cpu_step.decode_step-570.py311.nbi"]
-    for path in ours + other:
-        path.write_bytes(b"build")
-    assert cpu_step.drop_stale_builds(tmp_path, index, "digest-1"), "builds without a mark are of unknown kernels"
-    assert not any(p.exists() for p in ours) and all(p.exists() for p in other)
-    assert (tmp_path / f"{index}.kernels").read_text() == "digest-1"
-    for path in ours:  # numba's builds with these kernels
-        path.write_bytes(b"build")
-    assert not cpu_step.drop_stale_builds(tmp_path, index, "digest-1")
-    assert all(p.exists() for p in ours)
-    assert cpu_step.drop_stale_builds(tmp_path, index, "digest-2"), "cpu_kernels.py changed"
-    assert not any(p.exists() for p in ours) and all(p.exists() for p in other)
-
-
-@pytest.mark.skipif(not cpu_step.AVAILABLE, reason="numba is not installed")
-def test_the_step_builds_are_marked_with_these_kernels():
-    """Importing cpu_step marked its builds' folder with cpu_kernels.py's hash, through the numba
-    internals `drop_stale_builds` is given (a numba that moves them fails here, not silently)."""
-    import hashlib
-    digest = hashlib.sha256(Path(cpu_kernels.__file__).read_bytes()).hexdigest()
-    for dispatcher in (cpu_step.decode_step, cpu_step._product):
-        cache = dispatcher._cache
-        mark = Path(cache._cache_path) / f"{cache._cache_file._index_name}.kernels"
-        assert mark.read_text() == digest, mark
-
-
 def test_run_step_starts_numbas_pool_once_a_process(monkeypatch):
     """`run_step` asks numba to start its pool the first time in a process (and again in a
     forked child, whose pid differs), not before every step."""
