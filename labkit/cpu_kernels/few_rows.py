@@ -42,6 +42,16 @@ if AVAILABLE:
             for col in range(0, w.shape[1], step):
                 prefetch(w, r, col)
 
+    @numba.njit(inline="always")
+    def _row_by_four(x, w, out, b, j):
+        """out[b, j : j + 4] = x[b] . w[j .. j + 3]: one row of x against a group's 4 weight rows."""
+        a0 = a1 = a2 = a3 = np.float32(0)
+        for k in range(x.shape[1]):
+            xv = x[b, k]
+            a0 += xv * w[j, k]; a1 += xv * w[j + 1, k]  # noqa: E702
+            a2 += xv * w[j + 2, k]; a3 += xv * w[j + 3, k]  # noqa: E702
+        out[b, j], out[b, j + 1], out[b, j + 2], out[b, j + 3] = a0, a1, a2, a3
+
     @numba.njit(nogil=True, fastmath=True, cache=True)
     def few_rows_linear(x, w, out, first, stop):
         """out[:, 4 first : 4 stop] of x [B, K] @ w [N, K].T, every weight row read once for all
@@ -75,12 +85,7 @@ if AVAILABLE:
                 out[b + 3, j], out[b + 3, j + 1], out[b + 3, j + 2], out[b + 3, j + 3] = a30, a31, a32, a33
                 b += 4
             while b < B:  # the last rows, one at a time against the same 4 weight rows
-                a0 = a1 = a2 = a3 = np.float32(0)
-                for k in range(K):
-                    xv = x[b, k]
-                    a0 += xv * w[j, k]; a1 += xv * w[j + 1, k]  # noqa: E702
-                    a2 += xv * w[j + 2, k]; a3 += xv * w[j + 3, k]  # noqa: E702
-                out[b, j], out[b, j + 1], out[b, j + 2], out[b, j + 3] = a0, a1, a2, a3
+                _row_by_four(x, w, out, b, j)
                 b += 1
 
     @numba.njit(nogil=True, fastmath=True, cache=True)
@@ -159,12 +164,7 @@ if AVAILABLE:
                 out[b + 1, j], out[b + 1, j + 1], out[b + 1, j + 2], out[b + 1, j + 3] = a10, a11, a12, a13
                 b += 2
             if b < B:  # an odd last row against the same 4 weight rows
-                a0 = a1 = a2 = a3 = np.float32(0)
-                for k in range(K):
-                    xv = x[b, k]
-                    a0 += xv * w[j, k]; a1 += xv * w[j + 1, k]  # noqa: E702
-                    a2 += xv * w[j + 2, k]; a3 += xv * w[j + 3, k]  # noqa: E702
-                out[b, j], out[b, j + 1], out[b, j + 2], out[b, j + 3] = a0, a1, a2, a3
+                _row_by_four(x, w, out, b, j)
             j += 4
         row_dot_linear(x, w, out, j, stop)  # the last, partial group
 
