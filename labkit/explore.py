@@ -12,6 +12,7 @@ from . import batching, workloads
 from . import roofline as r
 from .errors import whole_number
 from .specs import HardwareSpec, ModelSpec
+from .timing import calls_phrase
 from .units import format_rate, format_seconds
 
 
@@ -47,8 +48,9 @@ def measured_series(records: list[dict], x_key: str) -> dict:
         series["roof_fraction"].append(rec.get("roof_fraction"))
         roof = roof_phrase(rec) or f"{rec.get('bound', '')}-bound"
         moment = moment_note(rec)  # a point far from its roof: what the bandwidth just after it said
-        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {roof}, "
-                               f"spread {rec.get('spread', 0.0):.0%} over {rec.get('samples', 1)} calls"
+        timed = calls_phrase(rec.get("estimator", "median"), rec.get("samples", 1), rec.get("spread", 0.0),
+                             _median_over_fastest(rec))
+        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {roof}, {timed}"
                                + (" (noisy)" if rec.get("noisy") else "") + (f"<br>{moment}" if moment else ""))
     return series
 
@@ -166,14 +168,18 @@ def _relative(value: float, reference: float) -> str:
     return f"{ratio:.2g} times"
 
 
+def _median_over_fastest(point: dict) -> float | None:
+    """The median call's time over the fastest's, from a measured point (None where not recorded)."""
+    median, fastest = point.get("time_median_s"), point.get("time_min_s")
+    return median / fastest if median and fastest else None
+
+
 def point_summary(point: dict) -> str:
     """One measured point in a line for a status bar: measured beside predicted, the rate,
     how close to the roof, how it was timed, and `point_notes`."""
     rate = f"{point['tokens_per_s']:,.0f} tokens/s" if point.get("tokens_per_s") else None
-    timed = (f"fastest of {point['samples']} calls" if point.get("estimator") == "fastest"
-             else f"median of {point['samples']} samples") if point.get("samples") else None
-    if timed and point.get("spread") is not None:
-        timed += f", spread {point['spread']:.0%}"
+    timed = calls_phrase(point.get("estimator", "median"), point["samples"], point.get("spread") or 0.0,
+                         _median_over_fastest(point)) if point.get("samples") else None
     parts = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
              f"predicted {format_seconds(point['predicted_time_s'])}",
              roof_phrase(point),

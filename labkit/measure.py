@@ -36,7 +36,7 @@ from . import backend, roofline
 from .errors import LabError
 from .specs import HardwareSpec
 from .timing import (CONFIRM_TOLERANCE, MIN_SAMPLES, NOISY_SPREAD, Timing,  # noqa: F401 — re-exported
-                     call_seconds, sample_until_stable, time_until_stable)
+                     call_seconds, calls_phrase, sample_until_stable, time_until_stable)
 from .units import format_rate, format_seconds  # noqa: F401 — re-exported: callers import them from here
 
 # On CUDA a call shorter than this is timed as the mean of back-to-back calls between one pair of
@@ -216,5 +216,5 @@ def format_bound_line(flops: float, bytes_moved: float, timing: Timing | float, 
     if isinstance(timing, Timing) and timing.noisy:
         line += f" (noisy: spread {timing.spread:.0%} over {len(timing.samples_s)} samples)"
     elif isinstance(timing, Timing) and timing.estimator == "fastest":
-        line += f" (fastest of {len(timing.samples_s)} calls, spread {timing.spread:.0%})"
+        line += f" ({calls_phrase('fastest', len(timing.samples_s), timing.spread, timing.median_s / timing.min_s)})"
     return line

@@ -123,6 +123,21 @@ class Timing:
                 "host_bound": self.host_bound, "method": self.method, "l2_flushed": self.l2_flushed}
 
 
+def calls_phrase(estimator: str, calls: int, spread: float, median_over_fastest: float | None = None) -> str:
+    """How a figure was timed, for a status line or a chart's hover: "median of 9 samples, spread
+    5%" or "fastest of 50 calls, their median 1.05× as long".
+
+    Why not the spread for the fastest call: a few calls stalled by the browser redrawing push
+    the 90th percentile, and so the spread, to 1,000 % and more (seen in lesson 01 on 2 cores)
+    while the fastest call, the figure, stays right. How far the middle call lies from the fastest
+    says how busy the machine was without reading as an error of the figure."""
+    if estimator != "fastest":
+        return f"median of {calls} samples, spread {spread:.0%}"
+    if median_over_fastest is None or not math.isfinite(median_over_fastest):
+        return f"fastest of {calls} calls"
+    return f"fastest of {calls} calls, their median {median_over_fastest:.3g}× as long"
+
+
 def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: float,
                       min_samples: int = 3, max_samples: int = 50) -> Timing:
     """CPU timing that survives a busy machine: `sample_until_stable` of one call's seconds."""

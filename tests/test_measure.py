@@ -124,6 +124,15 @@ def test_bound_line_names_the_compute_roof_and_flags_noise():
     assert "noisy: spread 100% over 3 samples" in line
 
 
+def test_bound_line_of_a_fastest_call_says_how_far_the_median_lay():
+    """A few stalled calls blow the spread up (here over 500 %); the line gives the median's
+    distance from the fastest call instead, which is what the figure rests on."""
+    stalled = Timing((1.0, 1.01, 1.02, 1.0, 1.03, 1.01, 1.02, 1.0, 1.04, 1.01, 12.0, 13.0), estimator="fastest")
+    assert stalled.spread > 5 and not stalled.noisy
+    line = measure.format_bound_line(989.4e12, 1e6, stalled, H100)
+    assert line.endswith("(fastest of 12 calls, their median 1.02× as long)") and "spread" not in line
+
+
 def test_display_formats():
     assert measure.format_seconds(45.1e-6) == "45.1 µs"
     assert measure.format_seconds(2.5) == "2.50 s"

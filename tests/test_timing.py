@@ -243,10 +243,10 @@ def test_batches_through_ridge_measure_the_mark_or_leave_it_alone():
 def test_point_summary_gives_numbers_and_how_they_were_timed():
     point = {"time_s": 0.0094, "predicted_time_s": 0.004, "tokens_per_s": 1812.4, "roof_fraction": 0.38,
              "bound": "memory", "device_name": "a CPU", "samples": 12, "estimator": "fastest", "noisy": False,
-             "spread": 0.35}
+             "spread": 0.35, "time_min_s": 0.0094, "time_median_s": 0.0103}
     line = explore.point_summary(point)
     assert line == ("measured 9.40 ms (1,812 tokens/s); predicted 4.00 ms; 0.38 of the memory-bound roof "
-                    "(bandwidth; the chapter plans 0.75); on a CPU; fastest of 12 calls, spread 35%")
+                    "(bandwidth; the chapter plans 0.75); on a CPU; fastest of 12 calls, their median 1.1× as long")
     # the tier whose bandwidth the roof is, and a compute-bound point against peak FLOP/s and 40 %
     assert "0.38 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in explore.point_summary(
         {**point, "roof_tier": "L3", "plan_fraction": 0.75})
@@ -254,3 +254,13 @@ def test_point_summary_gives_numbers_and_how_they_were_timed():
         {**point, "bound": "compute", "roof_fraction": 0.45})
     assert "e+" not in line
     assert "noisy" in explore.point_summary({**point, "noisy": True})
+
+
+def test_how_a_figure_was_timed_reads_as_the_machines_load_not_an_error_of_the_figure():
+    """A fastest call says how far the median call lay from it, not the samples' spread, which a few
+    stalled calls blow up (1,075 % seen in lesson 01 with the browser busy) while the figure holds;
+    a median keeps its spread; a recording without a median says only how many calls."""
+    from labkit.timing import calls_phrase
+    assert calls_phrase("fastest", 50, 10.75, 1.0512) == "fastest of 50 calls, their median 1.05× as long"
+    assert calls_phrase("median", 9, 0.05) == "median of 9 samples, spread 5%"
+    assert calls_phrase("fastest", 3, 0.2) == calls_phrase("fastest", 3, 0.2, float("nan")) == "fastest of 3 calls"
