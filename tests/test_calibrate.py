@@ -423,8 +423,13 @@ def test_a_calibration_while_other_processes_keep_the_cores_busy_is_noisy(monkey
     assert info["others_busy_share"] > calibrate.OTHERS_BUSY_LIMIT
     assert info["noisy"][-1].startswith("other processes kept") and info["noisy"][-1].endswith("of the cores busy meanwhile")
     monkeypatch.setattr(cpu_info, "cpu_busy_s", lambda: None)  # an OS without /proc/stat: not checked, not guessed
+    real, shares = calibrate.others_busy_share, []
+    monkeypatch.setattr(calibrate, "others_busy_share", lambda *a, **k: shares.append(real(*a, **k)) or shares[-1])
     spec, info = calibrate.calibrate("cpu", TINY)
-    assert info["others_busy_share"] is None and info["matmul"]["fp32"]["by_size"]["64"]["noisy"] is False
+    # neither the whole run nor any figure is judged by others' load (a figure may still be noisy by
+    # its own samples: under `pytest -n 2` the other worker's load once left one unconfirmed)
+    assert info["others_busy_share"] is None and len(shares) > 1 and set(shares) == {None}
+    assert not any(reason.startswith("other processes kept") for reason in info["noisy"])
 
 
 def test_a_figure_during_which_other_processes_were_busy_is_noisy(monkeypatch, tmp_path):
