@@ -30,7 +30,9 @@ scaled and clamped first as the reference does), all bit for bit; at mixed lengt
 `KVCache.update` (which quantises).
 Where every product is the panel product, attention is numba's and the lengths are equal, the
 whole step runs as one numba call instead (`cpu_step.decode_step`: the same kernels and cache
-writes, bit for bit, without the ~40 trips through Python whose code the streamed weights and cache
+writes, bit for bit (within 1e-5 where an fp8 layer scale is not a power of two: the attention is
+compiled with fastmath, whose choice among equal forms of its scaling can differ between the two
+builds; tests/test_cpu_step.py), without the ~40 trips through Python whose code the streamed weights and cache
 had evicted; B = 1 at S = 1,024 1.53 ms against 1.65-1.84, B = 4 1.79 against 1.94-2.02, three
 alternating processes on the 2-core Xeon VM). The breakdown's clocks keep the separate calls.
 `tests/test_model.py` holds this step to the torch step for every cache dtype, both kinds of
