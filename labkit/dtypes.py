@@ -33,3 +33,9 @@ def dtype_name(dtype: torch.dtype) -> str:
         if value == dtype:
             return name
     raise LabError(f"the lab has no name for {dtype}; known: {', '.join(TORCH_DTYPES)}")
+
+
+def with_article(name: str) -> str:
+    """A dtype's name after its article as it is read aloud, letter by letter: "an fp32", "an
+    int8", "a bf16" (a name starting with a letter whose name starts with a vowel sound takes "an")."""
+    return f"{'an' if name[:1].lower() in 'aefhilmnorsx' else 'a'} {name}"

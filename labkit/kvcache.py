@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from . import backend, roofline
-from .dtypes import CACHE_DTYPES, torch_dtype
+from .dtypes import CACHE_DTYPES, torch_dtype, with_article
 from .errors import LabError
 from .specs import ModelSpec
 
@@ -66,7 +66,7 @@ class KVCache:
         device = torch.device(device)
         if check:  # refuse before allocating anything
             backend.check_fits(cache_footprint_bytes(spec, batch, max_tokens, cache_dtype), device.type,
-                               f"a {cache_dtype} KV cache of {batch} x {max_tokens} tokens for {spec.name}")
+                               f"{with_article(cache_dtype)} KV cache of {batch} x {max_tokens} tokens for {spec.name}")
         self.spec, self.batch, self.max_tokens, self.cache_dtype = spec, batch, max_tokens, cache_dtype
         self.device = device
         self.use_triton = device.type == "cuda" if use_triton is None else use_triton

@@ -37,7 +37,7 @@ from torch import nn
 from . import backend, cpu_memory, roofline
 from .clock import OFF
 from .decode_paths import choose_decode_path
-from .dtypes import COMPUTE_DTYPES, torch_dtype
+from .dtypes import COMPUTE_DTYPES, torch_dtype, with_article
 from .errors import LabError
 from .kvcache import DecodePlan, KVCache
 from .ops import TritonOps, choose_ops
@@ -144,7 +144,7 @@ class Llama(nn.Module):
         max_tokens = max_tokens or min(spec.max_context, 4096)
         cache_dtype = cache_dtype or self.compute_dtype
         backend.check_fits(roofline.memory_footprint_bytes(spec, batch, max_tokens, self.compute_dtype, cache_dtype),
-                           self.device.type, f"{spec.name} in {self.compute_dtype} with a {cache_dtype} cache "
+                           self.device.type, f"{spec.name} in {self.compute_dtype} with {with_article(cache_dtype)} cache "
                            f"of {batch} x {max_tokens} tokens")
         self._init_weights(seed, dtype)
         self.cache = self.make_cache(batch, max_tokens, cache_dtype, check=False)  # checked above
@@ -186,7 +186,7 @@ class Llama(nn.Module):
                                                 prefill_tokens)
                 - roofline.weight_bytes(self.spec, self.compute_dtype)
                 - (self.cache.nbytes() if self.cache is not None else 0))
-        backend.check_fits(need, self.device.type, f"a {cache_dtype} KV cache of {batch} x {max_tokens} "
+        backend.check_fits(need, self.device.type, f"{with_article(cache_dtype)} KV cache of {batch} x {max_tokens} "
                            f"tokens for {self.spec.name}")
         self.release_cache()  # free the old buffers before allocating the new ones
         self.cache = self.make_cache(batch, max_tokens, cache_dtype, check=False)  # checked above

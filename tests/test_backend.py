@@ -177,6 +177,12 @@ def test_dtype_names_are_turned_into_torch_dtypes_in_one_place():
         dtypes.torch_dtype("int8", dtypes.COMPUTE_DTYPES)
 
 
+def test_a_dtype_name_takes_the_article_it_is_read_with():
+    from labkit import dtypes
+    assert [dtypes.with_article(n) for n in dtypes.CACHE_DTYPES] == [
+        "an fp32", "a bf16", "an fp16", "an fp8", "an int8"]
+
+
 def test_synchronize_is_a_no_op_on_the_cpu():
     assert backend.synchronize("cpu") is None
 
