@@ -1,0 +1,262 @@
+"""What every view is built of: the colours, a live chart (`LiveFigure`), the error line, the one
+widget base (`LessonWidget`) and the predict-first widget, and the controls (sliders, toggles, a
+progress bar, tables)."""
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import math
+import numbers
+import os
+
+from ._plotly import go, pio, widgets
+from ..errors import LabError
+
+# ---- plumbing: a live chart, the error line, the one widget base, controls
+PREDICTED = dict(color="#1f77b4")
+MEASURED = dict(color="#d62728")
+NOISY = dict(color="#ff9896")
+
+PLAN = dict(color=PREDICTED["color"], dash="dash", width=1.5)
+IN_TURN = dict(color=PREDICTED["color"], dash="dot", width=2.5)
+TIER = dict(color="#7f7f7f", dash="dot", width=1)
+
+ATTENTION = dict(color="#ff7f0e")
+LINEAR = dict(color="#1f77b4")
+
+
+class LiveFigure(go.Figure):
+    """A plotly figure shown live: `.widget` (an ipywidgets Output) is redrawn, whole, after every
+    change plotly reports (a batch update, an added trace, a relayout). Display `.widget`, or the
+    figure itself, which shows the same widget.
+
+    Why not plotly's FigureWidget: it is an anywidget whose 5 MB front-end module is compiled once
+    per chart, and anywidget 0.11 gives each chart 2 s to become ready; a chart that misses that
+    drops every later update for good (manzt/anywidget#828 added the deadline). A Voilà page, or
+    JupyterLab reopening a notebook, creates all its charts at once, so on a 2-core machine the
+    second chart missed it and never redrew when its slider moved. Here the whole figure (a few kB)
+    goes to the plotly renderer that draws every other chart: no per-chart module, no deadline,
+    no deltas to lose, and a page that loads late still gets the current figure.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._output = widgets.Output()
+        self._shown = False  # nothing is sent to a front end until the widget is asked for
+
+    @property
+    def widget(self) -> widgets.Output:
+        if not self._shown:
+            self._shown = True
+            self._redraw()
+        return self._output
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        return self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+
+    def mime_bundle(self) -> dict:
+        """What the Output shows: plotly's JSON mime type, and the title as plain text."""
+        return {"application/vnd.plotly.v1+json": json.loads(pio.to_json(self, validate=False, remove_uids=False)),
+                "text/plain": f"<chart: {self.layout.title.text or 'untitled'}>"}
+
+    def _redraw(self):
+        if not getattr(self, "_shown", False):  # still being built, or not displayed yet
+            return
+        # The Output keeps its height while the new chart renders, so the page does not jump.
+        self._output.layout.min_height = f"{self.layout.height or 450}px"
+        self._output.outputs = ({"output_type": "display_data", "data": self.mime_bundle(), "metadata": {}},)
+
+    # plotly calls these after applying each change (a FigureWidget forwards them to its views).
+    def _send_addTraces_msg(self, *args, **kwargs):
+        self._redraw()
+
+    _send_moveTraces_msg = _send_deleteTraces_msg = _send_restyle_msg = _send_addTraces_msg
+    _send_relayout_msg = _send_update_msg = _send_animate_msg = _send_addTraces_msg
+
+
+class ErrorLine:
+    """An HTML line under a widget: a status while measuring, the message when something fails."""
+
+    def __init__(self):
+        self.widget = widgets.HTML("")
+
+    def status(self, text: str):
+        self.widget.value = f"<span style='color:#555'>{html.escape(text)}</span>"
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Run a callback; any error becomes one red line here and the kernel keeps running."""
+        try:
+            yield
+        except Exception as err:  # noqa: BLE001 — a learner's slider must never kill the kernel
+            kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "
+            self.widget.value = f"<span style='color:#b00'>⚠ {html.escape(kind + str(err))}</span>"
+            self.last_error = err
+        else:
+            self.last_error = None
+
+
+class LessonWidget:
+    """The one shape of every lesson widget: controls in, one labkit call per change, figures out,
+    the error line under the charts, and a status line.
+
+        compute(**values) -> result   one labkit call (a measurement, a simulation, a prediction),
+                                      with the controls' values by name
+        draw(result)                  puts the result into the figures (set_* functions: no arithmetic)
+        describe(result) -> str       the status line after a change ("" for none)
+
+    `busy`, when given, is shown while `compute` runs ("measuring" for a real measurement, which
+    takes seconds). Controls with `continuous_update` fire only when released: each change may run
+    a real measurement. Any error becomes one red line under the charts and the kernel lives on.
+    """
+
+    def __init__(self, controls: dict, figures: list, compute, draw, describe=lambda result: "",
+                 busy: str | None = None):
+        self.controls, self.figures = controls, figures
+        self.compute, self.draw, self.describe, self.busy = compute, draw, describe, busy
+        self.result = None
+        self.error = ErrorLine()
+        for control in controls.values():
+            if hasattr(control, "continuous_update"):
+                control.continuous_update = False
+            control.observe(self.on_change, names="value")
+        self.widget = widgets.VBox([widgets.HBox(list(controls.values())), *(f.widget for f in figures),
+                                    self.error.widget])
+
+    def values(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def on_change(self, _change=None):
+        """Control callback: compute once at the controls' values, draw, say what happened."""
+        if self.busy:
+            self.error.status(f"{self.busy} {self.values()} …")
+        with self.error.guard():
+            self.result = self.compute(**self.values())
+            self.draw(self.result)
+            self.error.status(self.describe(self.result))
+
+    def prime(self, settings: list[dict]):
+        """Compute, then draw, a first few settings (with a progress bar), so a chart starts with
+        points on it; the controls keep their own values.
+
+        All are measured before any is drawn, the last (in a sweep, the longest) first: a chart
+        redrawn in the browser while the next point is timed, or the cells above still drawing
+        when the first is, took the same 2 cores, and the shortest call suffers most (lesson 02's
+        512-token prefill timed 2x slow, confirmed, in a 2-core browser run)."""
+        bar, advance = progress(len(settings))
+        self.widget.children = (*self.widget.children, bar)
+        results = {}
+        for done, index in enumerate(reversed(range(len(settings))), start=1):
+            with self.error.guard():
+                results[index] = self.compute(**settings[index])
+            advance(done, len(settings))
+        for index in sorted(results):
+            with self.error.guard():
+                self.result = results[index]
+                self.draw(self.result)
+        self.widget.children = self.widget.children[:-1]
+
+
+class Predict(LessonWidget):
+    """Predict first: the learner commits an estimate — a number in `unit`, or one of `options` —
+    and only then does `reveal(estimate)` (one labkit call, a `predict.reveal_*` function) compute
+    the formula's answer and measure; the reveal shows the three side by side with one line on the
+    gap. The estimate is locked once committed.
+
+    A run with nobody at the keyboard (LABKIT_AUTO_REVEAL=1: nbval, papermill, `make report`)
+    commits `default`, the estimate recorded in `predict.DEFAULTS`, so every reveal executes."""
+
+    def __init__(self, question: str, reveal, default, unit: str | None = None, options: list | None = None):
+        if options:
+            self.input = widgets.RadioButtons(options=list(options), value=None, layout=widgets.Layout(width="auto"))
+        else:
+            self.input = widgets.Text(placeholder=f"your estimate ({unit})", layout=widgets.Layout(width="220px"))
+        self.unit, self.default = unit, default
+        self.button = widgets.Button(description="Commit, then measure", button_style="primary",
+                                     layout=widgets.Layout(width="auto"))
+        self.answer = widgets.HTML("")
+        super().__init__({}, [], reveal, self.show, busy=None)
+        self.widget = widgets.VBox([widgets.HTML(f"<b>Predict first.</b> {html.escape(question)}"),
+                                    widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
+        self.widget.add_class("labkit-predict")
+        self.button.on_click(lambda _button: self.commit())
+        if os.environ.get("LABKIT_AUTO_REVEAL") == "1":
+            self.input.value = default if options else f"{default:g}"
+            self.commit()
+
+    def estimate(self):
+        """The committed value: the chosen option, or the typed number (LabError-free: ValueError
+        with what was expected, shown as the red line)."""
+        if self.unit is None:
+            if self.input.value is None:
+                raise ValueError("pick one of the options first")
+            return self.input.value
+        text = self.input.value.strip().replace(",", "").rstrip("×x%").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"type a number ({self.unit}), e.g. {self.default:g}; got {self.input.value!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"type a positive number ({self.unit}); got {self.input.value!r}")
+        return value
+
+    def commit(self):
+        """Lock the estimate, measure, reveal. A bad estimate leaves the widget open to try again."""
+        with self.error.guard():
+            estimate = self.estimate()
+            self.input.disabled = self.button.disabled = True
+            self.error.status("measuring on this machine …")
+            self.result = self.compute(estimate)
+            self.draw(self.result)
+            self.error.status("")
+        if self.error.last_error is not None and not self.answer.value:
+            self.input.disabled = self.button.disabled = False
+
+    def show(self, reveal: dict):
+        rows = "".join(f"<tr><td style='padding:2px 12px 2px 0'>{html.escape(name)}</td>"
+                       f"<td style='padding:2px 0'><b>{html.escape(str(value))}</b></td></tr>"
+                       for name, value in reveal["rows"])
+        self.answer.value = (f"<div><em>{html.escape(reveal['question'])}</em><table>{rows}</table>"
+                             f"<p>{html.escape(reveal['gap'])}</p></div>")
+
+
+def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
+    """An integer slider that only fires on release (each move runs a real measurement). A start
+    outside low..high is refused (LabError), not clamped: the lesson's first chart is drawn at the
+    start value, and a clamped slider would sit at another one beside it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        raise LabError(f"{name} must start at a whole number in {low:,}..{high:,}, got {value!r}")
+    return widgets.IntSlider(value=value, min=low, max=high, step=step, description=name,
+                             continuous_update=False, style={"description_width": "initial"},
+                             layout=widgets.Layout(width="420px"))
+
+
+def toggle(name: str, options: list, value=None) -> widgets.ToggleButtons:
+    """Toggle buttons (a choice fires once per click)."""
+    return widgets.ToggleButtons(options=options, value=value or options[0], description=name,
+                                 style={"description_width": "initial", "button_width": "auto"})
+
+
+def progress(total: int, description: str = "measuring"):
+    """An IntProgress bar and a `progress(done, total)` callback that moves it (for sweeps)."""
+    bar = widgets.IntProgress(value=0, min=0, max=total, description=description,
+                              style={"description_width": "initial"})
+
+    def advance(done, _total):
+        bar.value = done
+    return bar, advance
+
+
+def table_html(rows: list[dict]) -> str:
+    """A list of flat dicts as an HTML table (keys as the header), every value escaped."""
+    cell = "text-align:left;padding:2px 8px"
+    head = "".join(f"<th style='{cell}'>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row.values())
+                   + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def table(rows: list[dict]) -> widgets.HTML:
+    """`table_html` as a widget: a view can set its `.value` again when its rows change."""
+    return widgets.HTML(table_html(rows))
