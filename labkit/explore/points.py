@@ -1,0 +1,203 @@
+"""For every lesson: grids of x values, measured points as chart series, and what to say about
+a point (how close to its roof, notes on a faster or slower moment, the predict-first reveal, a
+status line), and recorded runs as series."""
+from __future__ import annotations
+
+import math
+
+from .. import roofline as r
+from ..timing import calls_phrase
+from ..units import format_rate, format_seconds
+
+# ---- every lesson: grids, measured points and what to say about them
+def log_grid(low: float, high: float, points: int = 64) -> list[float]:
+    """`points` values spaced evenly in log between `low` and `high` (inclusive)."""
+    step = (math.log10(high) - math.log10(low)) / (points - 1)
+    return [10 ** (math.log10(low) + i * step) for i in range(points)]
+
+
+def spread(low: int, high: int, step: int, count: int) -> list[int]:
+    """`count` values from `low` to `high`, evenly spaced and snapped to the slider's `step`."""
+    if count < 2:
+        return [high]
+    return sorted({low + round((high - low) * i / (count - 1) / step) * step for i in range(count)})
+
+
+def measured_series(records: list[dict], x_key: str) -> dict:
+    """Measured points sorted by `x_key`, with predicted time and residual (measured / predicted - 1),
+    and each point's fraction of its roof (`roof_phrase`, in its hover label, with `moment_note`
+    on a line of its own where the point was judged by its moment too). Noisy points (spread
+    above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
+    rows = sorted(records, key=lambda rec: rec[x_key])
+    series = {"x": [], "time_s": [], "predicted_time_s": [], "residual": [], "noisy": [],
+              "spread": [], "roof_fraction": [], "label": []}
+    for rec in rows:
+        series["x"].append(rec[x_key])
+        series["time_s"].append(rec["time_s"])
+        series["predicted_time_s"].append(rec["predicted_time_s"])
+        series["residual"].append(rec["time_s"] / rec["predicted_time_s"] - 1)
+        series["noisy"].append(bool(rec.get("noisy", False)))
+        series["spread"].append(rec.get("spread", 0.0))
+        series["roof_fraction"].append(rec.get("roof_fraction"))
+        roof = roof_phrase(rec) or f"{rec.get('bound', '')}-bound"
+        moment = moment_note(rec)  # a point far from its roof: what the bandwidth just after it said
+        timed = calls_phrase(rec.get("estimator", "median"), rec.get("samples", 1), rec.get("spread", 0.0),
+                             _median_over_fastest(rec))
+        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {roof}, {timed}"
+                               + (" (noisy)" if rec.get("noisy") else "") + (f"<br>{moment}" if moment else ""))
+    return series
+
+
+# The kernels-in-turn roof is shown where it lies more than 2 % off the whole step's (`in_turn_parts`):
+# at batch 1 the two differ only by the few bytes the parts count besides.
+IN_TURN_PARTS = 1.02
+IN_TURN_LABEL = "predicted, kernels in turn (each at its own roof)"
+PLAN_LABEL = (f"the chapter's planning line ({r.CHAPTER_MFU:.0%} of peak FLOP/s, "
+              f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth)")
+
+
+def roof_phrase(point: dict) -> str | None:
+    """How close a measured point came to its roof, beside the chapter's planning fraction:
+    "0.62 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" or "0.41 of the
+    compute-bound roof (peak FLOP/s; the chapter plans 0.40)"; None without a roof fraction. A
+    decode step whose kernels in turn (`roofline.in_turn_time_s`) take over IN_TURN_PARTS of its
+    roof's time adds its fraction of theirs: ", 0.72 of the roof of its kernels in turn"."""
+    if point.get("roof_fraction") is None or point.get("bound") not in ("compute", "memory"):
+        return None
+    bound = point["bound"]
+    what = "peak FLOP/s" if bound == "compute" else (f"{point['roof_tier']} bandwidth" if point.get("roof_tier")
+                                                     else "bandwidth")
+    plan = point.get("plan_fraction") or r.chapter_plan_fraction(bound)
+    said = f"{point['roof_fraction']:.2f} of the {bound}-bound roof ({what}; the chapter plans {plan:.2f})"
+    if in_turn_parts([point.get("in_turn_predicted_time_s")], [point.get("predicted_time_s")]):
+        said += f", {point['in_turn_roof_fraction']:.2f} of the roof of its kernels in turn"
+    return said
+
+
+def in_turn_parts(in_turn, roof) -> bool:
+    """Whether the kernels-in-turn roof (`roofline.in_turn_time_s`; times or tokens/s, None where
+    not known) lies more than IN_TURN_PARTS off the whole step's anywhere: shown only then, in a
+    point's line (`roof_phrase`) and as a chart's dotted line (`views`), not as a second line
+    under the first where every part is bound by the same resource."""
+    return any(a and b and max(a / b, b / a) > IN_TURN_PARTS for a, b in zip(in_turn or (), roof))
+
+
+def above_roof_note(fraction: float) -> str | None:
+    """What a run faster than its roof (fraction > 1) means, in one sentence; None below it.
+
+    A true roof cannot be beaten, so either the roof is stale (a calibration made when the
+    machine was slower: a shared machine's bandwidth moved 2x within half an hour on the lab's
+    VM) or the run read less from memory than counted (data kept in a cache between calls)."""
+    if not fraction > 1.0:
+        return None
+    return (f"{fraction:.0%} of the calibrated roof: the machine is faster now than when it was "
+            "calibrated, or data stayed in cache between calls; `python -m labkit calibrate --refresh` "
+            "measures the roof again, `measure --bracket` judges one run by the bandwidth of its moment")
+
+
+HOST_BOUND_NOTE = "host-bound: the GPU waited for Python to launch its work; this time measures the host, not the GPU"
+L2_RESIDENT_NOTE = ("L2-resident: this working set is under twice the GPU's L2, so back-to-back calls may read it "
+                    "from the L2, not HBM; left out of the conclusions")
+
+
+def moment_note(point: dict, where_slow: str = " (`python -m labkit breakdown` shows which part)") -> str | None:
+    """What the bandwidth read just after a point far from its roof says (`sweeps.with_moment`),
+    in one sentence; None without that reading. Near the roof of its moment, the calibration was
+    from another moment; far from it there too, the step itself is slow (`where_slow`: what says where)."""
+    now = point.get("moment_bandwidth_bytes_per_s")
+    if now is None:
+        return None
+    fraction = point["moment_roof_fraction"]
+    said = (f"the memory read {format_rate(now, 'B/s')} at this working set just after it, where the "
+            f"calibration has {format_rate(point['roof_bandwidth_bytes_per_s'], 'B/s')}: {fraction:.2f} of that roof")
+    if fraction > 1.0:
+        return said + ", over it too: data stayed in a cache between calls"
+    if fraction >= r.FAR_FROM_ROOF:
+        pace = "faster" if point["roof_bandwidth_bytes_per_s"] > now else "slower"
+        return said + (f", so the calibration is from a {pace} moment than this one "
+                       "(`python -m labkit calibrate --refresh` measures it again)")
+    return said + ", so this step itself is slow here" + where_slow
+
+
+def point_notes(point: dict) -> list[str]:
+    """What a reader of one measured point should know beyond its numbers: that it beat its
+    roof (`above_roof_note`), what the bandwidth of its moment says (`moment_note`), that its GPU
+    waited on the host (`host_bound`), or that its working set could stay in a GPU's L2 between
+    calls (`l2_resident`)."""
+    moment = moment_note(point)  # where read, it says which of the above-roof note's two reasons it was
+    notes = [moment or above_roof_note(point.get("roof_fraction", 0.0)),
+             HOST_BOUND_NOTE if point.get("host_bound") else None,
+             L2_RESIDENT_NOTE if point.get("l2_resident") else None]
+    return [note for note in notes if note]
+
+
+def reveal(question: str, unit: str | None, estimate, formula, measured, device_name: str, why: str,
+           formula_label: str = "the formula, on this machine's calibrated roofline") -> dict:
+    """A committed estimate beside the formula's answer and the measurement, with one line on the
+    gap (`views.Predict` shows it). `unit` None: a choice, compared for equality; else numbers,
+    compared as ratios (within a quarter counts as close)."""
+    def shown(value):
+        return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
+
+    rows = [("your estimate", shown(estimate)), (formula_label, shown(formula)),
+            (f"measured on {device_name}", shown(measured))]
+    if unit is None:
+        verdict = "matches" if estimate == measured else "differs from"
+        agree = "agrees" if formula == measured else f"says {formula}"
+        gap = f"Your pick {verdict} the measurement; the formula {agree}. Why: {why}."
+    else:
+        gap = (f"Your estimate is {_relative(estimate, measured)} the measurement; the formula is "
+               f"{_relative(formula, measured)} it. Why: {why}.")
+    return {"question": question, "rows": rows, "gap": gap}
+
+
+def _relative(value: float, reference: float) -> str:
+    """'within 10% of' or '2.1 times' — how `value` compares with `reference`."""
+    if not value or not reference:
+        return "not comparable with"
+    ratio = value / reference
+    if abs(ratio - 1) <= 0.25:
+        return f"within {abs(ratio - 1):.0%} of"
+    return f"{ratio:.2g} times"
+
+
+def _median_over_fastest(point: dict) -> float | None:
+    """The median call's time over the fastest's, from a measured point (None where not recorded)."""
+    median, fastest = point.get("time_median_s"), point.get("time_min_s")
+    return median / fastest if median and fastest else None
+
+
+def point_summary(point: dict) -> str:
+    """One measured point in a line for a status bar: measured beside predicted, the rate,
+    how close to the roof, how it was timed, and `point_notes`."""
+    rate = f"{point['tokens_per_s']:,.0f} tokens/s" if point.get("tokens_per_s") else None
+    timed = calls_phrase(point.get("estimator", "median"), point["samples"], point.get("spread") or 0.0,
+                         _median_over_fastest(point)) if point.get("samples") else None
+    parts = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
+             f"predicted {format_seconds(point['predicted_time_s'])}",
+             roof_phrase(point),
+             f"on {point.get('device_name', point.get('device', '?'))}",
+             timed, "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None]
+    return "; ".join(p for p in parts if p) + "".join(f" — {note}" for note in point_notes(point))
+
+
+def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", include_dry_runs: bool = False,
+                    **where) -> list[dict]:
+    """Each recording's measured points (skipped or failed steps left out) as one series,
+    labelled with the hardware and date it was recorded on, with which points were host-bound
+    (the GPU waited on Python's launches: the host's rate, not the GPU's). `where` keeps only points whose
+    fields equal the given values (model="llama-3.1-8b", cache_dtype="bf16", ...). Dry runs
+    (toy sizes on a CPU) are left out unless `include_dry_runs`."""
+    series = []
+    for rec in recordings:
+        if rec.get("dry_run") and not include_dry_runs:
+            continue
+        points = sorted((p for p in rec.get("points", []) if y_key in p and x_key in p
+                         and all(p.get(k) == v for k, v in where.items())), key=lambda p: p[x_key])
+        if points:
+            prov = rec["provenance"]
+            label = f"recorded: {prov.get('device_name') or prov['device']}, {str(prov['date'])[:10]}"
+            series.append({"label": label, "x": [p[x_key] for p in points], "y": [p[y_key] for p in points],
+                           "host_bound": [bool(p.get("host_bound")) for p in points],
+                           "device": prov["device"], "path": rec.get("_path")})
+    return series
