@@ -213,7 +213,10 @@ def format_bound_line(flops: float, bytes_moved: float, timing: Timing | float, 
     fraction = roof_fraction(flops, bytes_moved, timing, hardware, dtype)
     line = (f"predicted {format_seconds(predicted_s)} ({roof}), "
             f"measured {format_seconds(_seconds(timing))} = {fraction:.2f} of roof")
-    if isinstance(timing, Timing) and timing.noisy:
+    if isinstance(timing, Timing) and timing.noisy and timing.estimator == "fastest":
+        line += (f" (noisy: no second of {len(timing.samples_s)} calls came within {CONFIRM_TOLERANCE:.0%} "
+                 "of the fastest)")
+    elif isinstance(timing, Timing) and timing.noisy:
         line += f" (noisy: spread {timing.spread:.0%} over {len(timing.samples_s)} samples)"
     elif isinstance(timing, Timing) and timing.estimator == "fastest":
         line += f" ({calls_phrase('fastest', len(timing.samples_s), timing.spread, timing.median_s / timing.min_s)})"

@@ -133,6 +133,14 @@ def test_bound_line_of_a_fastest_call_says_how_far_the_median_lay():
     assert line.endswith("(fastest of 12 calls, their median 1.02× as long)") and "spread" not in line
 
 
+def test_bound_line_of_an_unconfirmed_fastest_call_says_why_it_is_noisy():
+    """A fastest call no second one came near is noisy for that reason, not for the spread."""
+    lonely = Timing((1.0, 1.5, 1.6), estimator="fastest")
+    assert lonely.noisy
+    assert measure.format_bound_line(989.4e12, 1e6, lonely, H100).endswith(
+        "(noisy: no second of 3 calls came within 10% of the fastest)")
+
+
 def test_display_formats():
     assert measure.format_seconds(45.1e-6) == "45.1 µs"
     assert measure.format_seconds(2.5) == "2.50 s"
