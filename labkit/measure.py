@@ -36,7 +36,7 @@ from . import backend, roofline
 from .errors import LabError
 from .specs import HardwareSpec
 from .timing import (CONFIRM_TOLERANCE, MIN_SAMPLES, NOISY_SPREAD, Timing,  # noqa: F401 — re-exported
-                     call_seconds, calls_phrase, sample_until_stable, time_until_stable)
+                     call_seconds, sample_until_stable, time_until_stable)
 from .units import format_rate, format_seconds  # noqa: F401 — re-exported: callers import them from here
 
 # On CUDA a call shorter than this is timed as the mean of back-to-back calls between one pair of
@@ -213,11 +213,6 @@ def format_bound_line(flops: float, bytes_moved: float, timing: Timing | float, 
     fraction = roof_fraction(flops, bytes_moved, timing, hardware, dtype)
     line = (f"predicted {format_seconds(predicted_s)} ({roof}), "
             f"measured {format_seconds(_seconds(timing))} = {fraction:.2f} of roof")
-    if isinstance(timing, Timing) and timing.noisy and timing.estimator == "fastest":
-        line += (f" (noisy: no second of {len(timing.samples_s)} calls came within {CONFIRM_TOLERANCE:.0%} "
-                 "of the fastest)")
-    elif isinstance(timing, Timing) and timing.noisy:
-        line += f" (noisy: spread {timing.spread:.0%} over {len(timing.samples_s)} samples)"
-    elif isinstance(timing, Timing) and timing.estimator == "fastest":
-        line += f" ({calls_phrase('fastest', len(timing.samples_s), timing.spread, timing.median_s / timing.min_s)})"
+    if isinstance(timing, Timing) and (timing.noisy or timing.estimator == "fastest"):
+        line += f" ({timing.how_timed})"
     return line

@@ -113,6 +113,17 @@ class Timing:
             return not self.confirmed
         return self.spread > NOISY_SPREAD
 
+    @property
+    def how_timed(self) -> str:
+        """How this figure was timed (`calls_phrase`), or why it is noisy: a fastest call that no
+        second came near, or a median whose samples spread too wide."""
+        calls = len(self.samples_s)
+        if self.noisy and self.estimator == "fastest":
+            return f"noisy: no second of {calls} calls came within {CONFIRM_TOLERANCE:.0%} of the fastest"
+        if self.noisy:
+            return f"noisy: spread {self.spread:.0%} over {calls} samples"
+        return calls_phrase(self.estimator, calls, self.spread, self.median_s / self.min_s)
+
     def to_dict(self) -> dict:
         """JSON-ready summary, units in the keys."""
         return {"estimate_s": self.estimate_s, "estimator": self.estimator,

@@ -71,12 +71,13 @@ def drop_stale_builds(folder: Path, index_name: str, kernels_digest: str) -> boo
 
 
 def keep_builds_current(namespace: dict) -> None:
-    """`drop_stale_builds` for every function in `namespace` (a module's globals) that numba caches
-    on disk, against `sources_digest`."""
+    """`drop_stale_builds` for every function defined in `namespace` (a module's globals) that numba
+    caches on disk, against `sources_digest`; the kernels it imports are its own modules' to check."""
     for dispatcher in list(namespace.values()):
         # numba 0.68's FunctionCache (a change of numba that moves it fails a test)
         cache = getattr(dispatcher, "_cache", None)
-        if isinstance(cache, caching.FunctionCache):
+        defined_here = getattr(getattr(dispatcher, "py_func", None), "__module__", None) == namespace.get("__name__")
+        if defined_here and isinstance(cache, caching.FunctionCache):
             drop_stale_builds(Path(cache._cache_path), cache._cache_file._index_name, sources_digest())
 
 
