@@ -154,6 +154,8 @@ COMBINE_BLOCKS = (16, MAX_SPLITS)  # its BLOCK_S: two compiled variants, not one
 # and an int8/fp8 cache's upcast tiles take 8 warps, or they spill on sm_90a.
 SPLIT_TILES = ((64, 3), (64, 2), (32, 2), (16, 2))
 SPLIT_TILES_FP32_DOT = ((32, 2), (16, 2))
+# Split programs per SM (before the caps in default_num_splits).
+SPLITS_PROGRAMS_PER_SM = 2
 INTERPRETER_SPLIT_TILE = (16, 1)  # interpreter: small tiles keep the tests quick
 
 
@@ -176,10 +178,12 @@ def compiled_refusal(q_dtype: str, cache_dtype: str) -> str | None:
 
 
 def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, shared_limit: int | None,
-                     interpreted: bool = False, capability: tuple | None = None) -> dict | None:
+                     interpreted: bool = False, capability: tuple | None = None,
+                     tile: tuple | None = None) -> dict | None:
     """The split kernel's constexprs, warps and stages for these dtypes (lab names), or None when
     compiled kernels do not take the pair (`compiled_refusal`) or no tile fits `shared_limit`
-    bytes (None: no limit)."""
+    bytes (None: no limit). `tile` (BLOCK_N, stages, warps) replaces the table's choice:
+    scripts/gpu_tune.py times candidates through it."""
     kv_quant = {"int8": KV_QUANT_PER_TOKEN, "fp8": KV_QUANT_PER_TENSOR}.get(cache_dtype, KV_QUANT_NONE)
     # Dot in q's dtype when the cache converts exactly (same dtype, int8, fp8); else in fp32.
     dot_fp32 = q_dtype == "fp32" or not (cache_dtype == q_dtype or kv_quant)
@@ -197,11 +201,13 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
     if not tiles:
         return None
     block_n, stages = tiles[0]
+    warps = 8 if (kv_quant or dot_fp32) and head_dim > 16 and not interpreted else 4
+    if tile is not None:
+        block_n, stages, warps = tile
     return {"constexprs": {"KV_QUANT": kv_quant, "DOT_FP32": dot_fp32,
                            "INPUT_PRECISION": "ieee" if dot_fp32 else "tf32", "HEAD_DIM": head_dim,
                            "BLOCK_H": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n},
-            "num_warps": 8 if (kv_quant or dot_fp32) and head_dim > 16 and not interpreted else 4,
-            "num_stages": stages}
+            "num_warps": warps, "num_stages": stages}
 
 
 def combine_block(num_splits: int) -> int:
@@ -214,15 +220,17 @@ def _block_n(device: torch.device) -> int:
     return SPLIT_TILES[0][0] if device.type == "cuda" else INTERPRETER_SPLIT_TILE[0]
 
 
-def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device) -> int:
-    """Splits so that batch * num_kv_heads * splits is about 2x the SM count on CUDA (8 programs in
-    the interpreter), capped so each split gets at least 4 tiles of the s_max-long cache.
+def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device,
+                       programs_per_sm: int = SPLITS_PROGRAMS_PER_SM) -> int:
+    """Splits so that batch * num_kv_heads * splits is about programs_per_sm x the SM count on
+    CUDA (8 programs in the interpreter), capped so each split gets at least 4 tiles of the
+    s_max-long cache.
 
     Capped by the cache capacity s_max, not by lengths.max(): reading lengths would need a
     device-to-host sync on every decode step. Splits past a short sequence's end exit at once.
     """
     device = torch.device(device)
-    target = 2 * sm_count(device)  # 264 on an H100; 8 in the interpreter
+    target = programs_per_sm * sm_count(device)  # 264 on an H100 at 2 a SM; 8 in the interpreter
     splits = triton.cdiv(target, max(1, batch * num_kv_heads))
     max_useful = triton.cdiv(s_max, 4 * _block_n(device))
     return max(1, min(splits, max_useful, MAX_SPLITS))

@@ -51,6 +51,8 @@ SPLIT_K_MAX_M = 64
 SPLIT_K_TILE = {2: (64, 64, 3, 4), 4: (64, 16, 3, 4)}  # element bytes -> (BLOCK_N, BLOCK_K, stages, warps)
 SPLIT_K_TILE_SM75 = (32, 32, 2, 4)  # 16-bit on Turing (see TILES_16BIT_SM75)
 INTERPRETER_SPLIT_K_TILE = (32, 32, 1, 4)
+# Programs the split aims for, per SM: enough column tiles x K slices to keep every SM streaming.
+SPLIT_K_PROGRAMS_PER_SM = 1
 REDUCE_BLOCK = 1024  # elements of c per program of the split-K sum
 
 # Autotune keys: M rounded up to a power of two between these, so a new prompt length or batch
@@ -206,13 +208,17 @@ def _split_k_sum_kernel(
 
 
 def split_k_plan(M: int, N: int, K: int, elem_bytes: int, sms: int, interpreted: bool = INTERPRETED,
-                 capability: tuple | None = None) -> dict:
+                 capability: tuple | None = None, tile: tuple | None = None,
+                 programs_per_sm: int = SPLIT_K_PROGRAMS_PER_SM) -> dict:
     """How a decode-shaped product (M <= SPLIT_K_MAX_M) is cut: tile sizes, K slices, programs.
 
-    SPLIT_K is the fewest slices for which column tiles x slices >= sms, limited by the number of
-    BLOCK_K steps; K_PER_SPLIT = floor(steps / wanted) steps, so the slices that result are never
-    fewer than wanted."""
-    if interpreted:
+    SPLIT_K is the fewest slices for which column tiles x slices >= programs_per_sm x sms, limited
+    by the number of BLOCK_K steps; K_PER_SPLIT = floor(steps / wanted) steps, so the slices that
+    result are never fewer than wanted. `tile` (BLOCK_N, BLOCK_K, stages, warps) replaces the
+    table's: scripts/gpu_tune.py times candidates through it."""
+    if tile is not None:
+        block_n, block_k, stages, warps = tile
+    elif interpreted:
         block_n, block_k, stages, warps = INTERPRETER_SPLIT_K_TILE
     elif elem_bytes == 2 and capability is not None and tuple(capability) < (8, 0):
         block_n, block_k, stages, warps = SPLIT_K_TILE_SM75
@@ -221,7 +227,7 @@ def split_k_plan(M: int, N: int, K: int, elem_bytes: int, sms: int, interpreted:
     block_m = max(16, triton.next_power_of_2(M))
     tiles = triton.cdiv(N, block_n)
     steps = max(1, triton.cdiv(K, block_k))
-    wanted = max(1, min(triton.cdiv(sms, tiles), steps))
+    wanted = max(1, min(triton.cdiv(programs_per_sm * sms, tiles), steps))
     per_split = max(1, steps // wanted) * block_k
     split_k = max(1, triton.cdiv(K, per_split))
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages,

@@ -1,0 +1,375 @@
+"""Time the decode-shaped kernels' tile candidates on this GPU, and the 8B's decode step before and after.
+
+    LABKIT_GIT_COMMIT=<commit> PYTHONUNBUFFERED=1 python3 scripts/gpu_tune.py --out DIR [--budget-s 300]
+    python3 scripts/gpu_tune.py --out DIR --dry-run      # toy sizes, on the CPU in Triton's interpreter
+
+Why: the first GPU check (one H200, 2026-12-04, `labkit.gpu_check` at acbe82d) measured the
+Llama-3.1-8B decode step at 19 ms for B = 1, S = 8k: 0.19 of its bandwidth roof, the weights
+read at 0.84 TB/s, nearly the same time at every batch up to 64. The step's matmuls have M = B
+rows and take kernels.matmul's split-K path, whose one tile (and one program per SM) was chosen
+without a GPU. Decode attention over fp8 and int8 caches read 2 TB/s where bf16 read 4.2 (its
+tiles hold half the bytes).
+
+What it does, each part within its share of --budget-s:
+  1. every split-K candidate (tile x programs per SM) on the step's products (qkv, o, gate_up,
+     down, LM head) at M = 1 and 16, each checked against torch; the best by the step's total
+     (32 layers of each product, one head) is timed at M = 64 too;
+  2. every decode-attention candidate (tile x split programs per SM) over bf16, fp8 and int8
+     caches at B = 1, S = 32k and 128k and B = 16, S = 8k, each checked against torch; the best
+     per cache dtype by geometric mean of time;
+  3. the decode step (labkit.sweeps.measure_decode, CUDA graph) at a few points with the
+     current tiles, a profile of one step by kernel, then the same points with the best tiles.
+Writes one recording `gpu-tune-<device>-<stamp>.json` into DIR (never overwritten) with
+provenance. It changes no file of the lab: the winners become the kernels' defaults by hand,
+citing the recording.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MATMUL_TILES = ((64, 64, 3, 4), (64, 128, 3, 4), (64, 128, 4, 4), (32, 128, 4, 4), (32, 256, 3, 4),
+                (64, 256, 3, 8), (128, 64, 4, 4), (128, 128, 3, 8), (64, 64, 5, 4), (32, 64, 4, 4))
+MATMUL_PER_SM = (1, 2, 4, 8)
+ATTENTION_TILES = ((64, 3, 4), (64, 3, 8), (128, 2, 8), (128, 3, 8), (128, 3, 4), (256, 2, 8), (32, 4, 4))
+ATTENTION_PER_SM = (1, 2, 4, 8)
+SHARES = {"matmul": 0.35, "attention": 0.25, "step": 0.40}
+STEP_POINTS = ((1, 8192, "bf16"), (16, 8192, "bf16"), (64, 8192, "bf16"), (16, 8192, "int8"), (16, 8192, "fp8"))
+DRY_STEP_POINTS = ((1, 64, "fp16"), (4, 64, "int8"))
+
+
+def log(text: str):
+    print(f"[gpu_tune] {text}", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--budget-s", type=float, default=300.0)
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    from labkit import backend
+    device = backend.kernel_device()
+    if device != "cuda" and not args.dry_run:
+        print("gpu_tune: error: no CUDA GPU (use --dry-run)", file=sys.stderr)
+        return 2
+    if device is None:
+        backend.use_interpreter()
+    device = device or "cpu"
+    start = time.perf_counter()
+    deadlines, spent = {}, 0.0
+    for part, share in SHARES.items():
+        spent += share
+        deadlines[part] = start + spent * args.budget_s
+    run = SimpleNamespace(device=device, dtype="bf16" if device == "cuda" else "fp16", dry=args.dry_run)
+    result = {"device": device, "dtype": run.dtype, "budget_s": args.budget_s}
+    for part, fn in (("matmul", tune_matmul), ("attention", tune_attention), ("step", time_steps)):
+        try:
+            result[part] = fn(run, deadlines[part], result)
+        except Exception as err:  # noqa: BLE001 - recorded; the next part still runs
+            log(f"{part}: ERROR {type(err).__name__}: {err}")
+            result[part] = {"error": f"{type(err).__name__}: {err}"}
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    from labkit.backend import device_name
+    from labkit.recordings import provenance, write_recording
+    slug = "cpu" if device != "cuda" else "".join(c if c.isalnum() else "-" for c in device_name(device).lower())
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
+    path = write_recording(args.out, f"gpu-tune-{slug.replace('nvidia-', '')}-{stamp}",
+                           {**result, "provenance": provenance(device, "python3 scripts/gpu_tune.py "
+                                                                       + " ".join(sys.argv[1:]))})
+    log(f"wrote {path}")
+    print(json.dumps({k: result[k].get("best") if isinstance(result[k], dict) else result[k]
+                      for k in ("matmul", "attention", "wall_s") if k in result}), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------- shapes
+def model_spec(run):
+    from labkit.specs import get_model
+    return get_model("lab-tiny" if run.dry else "llama-3.1-8b")
+
+
+def products(spec) -> dict:
+    """The decode step's products as {name: (N, K, count per step)}."""
+    h, d = spec.hidden_size, spec.head_dim
+    return {"qkv": ((spec.n_heads + 2 * spec.n_kv_heads) * d, h, spec.n_layers),
+            "o": (h, spec.n_heads * d, spec.n_layers),
+            "gate_up": (2 * spec.intermediate_size, h, spec.n_layers),
+            "down": (h, spec.intermediate_size, spec.n_layers),
+            "head": (spec.vocab_size, h, 1)}
+
+
+def timed(run, fn, nbytes: float) -> float:
+    from labkit.measure import time_fn
+    return time_fn(fn, run.device, 1, 5, 0.1, isolate=run.device == "cuda", working_set_bytes=nbytes).median_s
+
+
+# ---------------------------------------------------------------- 1. split-K matmul
+def tune_matmul(run, deadline: float, _result) -> dict:
+    """Candidates in turn (the current default first), each over every product, so a deadline
+    drops whole candidates, never a product of one."""
+    import torch
+
+    import kernels.matmul as mm
+    from kernels.tolerances import float_tolerance
+    from labkit.gpu_run import randn
+    spec, original = model_spec(run), mm.split_k_plan
+    shared = mm.shared_bytes_per_block(torch.device(run.device)) if run.device == "cuda" else None
+    atol, rtol = float_tolerance(run.dtype)
+    rows = (1, 4) if run.dry else (1, 16)
+    default = original(1, 4096, 4096, 2, 132, interpreted=False, capability=(9, 0))
+    default = (tuple(default[k] for k in ("BLOCK_N", "BLOCK_K", "num_stages", "num_warps")), mm.SPLIT_K_PROGRAMS_PER_SM)
+    tiles = MATMUL_TILES[:3] if run.dry else MATMUL_TILES
+    candidates = [default] + [(t, p) for t in tiles for p in MATMUL_PER_SM if (t, p) != default
+                              and (shared is None or mm.shared_bytes_estimate(16, t[0], t[1], t[2], 2) <= shared)]
+    shapes = products(spec)
+    out = {"default": {"tile": list(default[0]), "per_sm": default[1]}, "timings": [], "torch": [], "skipped": []}
+
+    def time_all(M: int, cands) -> dict:
+        """{candidate: the step's total seconds of products at M rows}, correct candidates only."""
+        inputs = {}
+        for name, (N, K, _count) in shapes.items():
+            a, b = randn(run, (M, K), 1), randn(run, (N, K), 2, scale=K ** -0.5).t()
+            nbytes = 2 * (M * K + K * N + M * N)
+            inputs[name] = (a, b, mm.matmul_reference(a, b).float(), nbytes)
+            base_s = timed(run, lambda: torch.matmul(a, b), nbytes)
+            out["torch"].append({"M": M, "shape": name, "N": N, "K": K, "time_s": base_s, "bytes_per_s": nbytes / base_s})
+        totals = {}
+        for tile, per_sm in cands:
+            if time.perf_counter() > deadline:
+                out["skipped"].append({"M": M, "tile": tile, "per_sm": per_sm})
+                continue
+            total, correct = 0.0, True
+            mm.split_k_plan = functools.partial(original, tile=tile, programs_per_sm=per_sm)
+            try:
+                for name, (a, b, ref, nbytes) in inputs.items():
+                    N, K, count = shapes[name]
+                    got = mm.matmul(a, b).float()
+                    ok = bool(torch.allclose(got, ref, atol=atol, rtol=rtol))
+                    t = timed(run, lambda: mm.matmul(a, b), nbytes)
+                    plan = mm.split_k_plan(M, N, K, 2, mm.sm_count(a.device))
+                    out["timings"].append({"M": M, "shape": name, "N": N, "K": K, "tile": tile, "per_sm": per_sm,
+                                           "split_k": plan["SPLIT_K"], "programs": plan["programs"], "time_s": t,
+                                           "bytes_per_s": nbytes / t, "max_abs_err": (got - ref).abs().max().item(),
+                                           "correct": ok})
+                    total, correct = total + count * t, correct and ok
+            finally:
+                mm.split_k_plan = original
+            if correct:
+                totals[(tile, per_sm)] = total
+        for name in shapes:
+            best = sorted((e for e in out["timings"] if e["M"] == M and e["shape"] == name and e["correct"]),
+                          key=lambda e: e["time_s"])[:3]
+            torch_bw = next(e["bytes_per_s"] for e in out["torch"] if e["M"] == M and e["shape"] == name)
+            log(f"matmul M={M} {name} {shapes[name][0]}x{shapes[name][1]}: torch {torch_bw / 1e9:.0f} GB/s; best "
+                + ", ".join(f"{e['tile']}x{e['per_sm']} {e['bytes_per_s'] / 1e9:.0f} GB/s" for e in best))
+        return totals
+
+    by_rows = {M: time_all(M, candidates) for M in rows}
+    complete = [c for c in candidates if all(c in by_rows[M] for M in rows)]
+    if default not in complete:
+        out["best"] = None
+        return out
+    score = {c: sum(by_rows[M][c] / by_rows[M][default] for M in rows) / len(rows) for c in complete}
+    ranked = sorted(complete, key=score.get)
+    out["step_total_s"] = [{"tile": list(t), "per_sm": p, **{f"M{M}": by_rows[M][(t, p)] for M in rows},
+                            "relative_to_default": score[(t, p)]} for t, p in ranked]
+    out["best"] = {"tile": list(ranked[0][0]), "per_sm": ranked[0][1]}
+    log(f"matmul best by the step's total: tile {ranked[0][0]} at {ranked[0][1]} per SM, "
+        f"{score[ranked[0]]:.2f} of the default's time")
+    if not run.dry and time.perf_counter() < deadline + 20:  # the best few at M = 64 too
+        deadline += 20
+        by_rows[64] = time_all(64, [default] + [c for c in ranked[:3] if c != default])
+        out["M64_total_s"] = [{"tile": list(t), "per_sm": p, "total_s": v} for (t, p), v in by_rows[64].items()]
+    return out
+
+
+# ---------------------------------------------------------------- 2. decode attention
+def tune_attention(run, deadline: float, _result) -> dict:
+    """Per cache dtype (a third of the time each), candidates in turn over every shape."""
+    import torch
+
+    import kernels.decode_attention as da
+    from kernels.tolerances import decode_attention_tolerance
+    from labkit.gpu_run import quantized_cache, randn
+    spec = model_spec(run)
+    H, Hkv, D = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    shapes = ((1, 64), (2, 128)) if run.dry else ((1, 32768), (1, 131072), (16, 8192))
+    shared = da.shared_bytes_per_block(torch.device(run.device)) if run.device == "cuda" else None
+    caches = (run.dtype, "int8") if run.dry else ("bf16", "fp8", "int8")
+    original = (da.split_constexprs, da.default_num_splits)
+    out = {"timings": [], "skipped": [], "best": {}, "default_per_sm": da.SPLITS_PROGRAMS_PER_SM}
+    start = time.perf_counter()
+    for i, cache_dtype in enumerate(caches):
+        until = start + (i + 1) * (deadline - start) / len(caches)
+        cbytes = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}[cache_dtype]
+        plan = original[0](run.dtype, cache_dtype, D, H // Hkv, shared, capability=da.capability(torch.device(run.device)))
+        default = ((plan["constexprs"]["BLOCK_N"], plan["num_stages"], plan["num_warps"]), da.SPLITS_PROGRAMS_PER_SM)
+        tiles = ATTENTION_TILES[:2] if run.dry else ATTENTION_TILES
+        cands = [default] + [(t, p) for t in tiles for p in ATTENTION_PER_SM if (t, p) != default
+                             and (shared is None or da.split_shared_bytes(t[0], t[1], D, cbytes, 2) <= shared)]
+        inputs = []
+        for B, S in shapes:
+            q = randn(run, (B, H, D), 6)
+            k, v, ks, vs = quantized_cache(run, randn(run, (B, Hkv, S, D), 7), randn(run, (B, Hkv, S, D), 8),
+                                           cache_dtype)
+            lengths = torch.full((B,), S, dtype=torch.int32, device=run.device)
+            ref = da.decode_attention_reference(q, k, v, lengths, ks, vs).float()
+            nbytes = 2 * B * Hkv * S * D * cbytes + (2 * B * Hkv * S * 4 if cache_dtype == "int8" else 0)
+            inputs.append((B, S, (q, k, v, lengths, ks, vs), ref, nbytes))
+        atol, rtol = decode_attention_tolerance(run.dtype, cache_dtype)
+        times = {}
+        for tile, per_sm in cands:
+            if time.perf_counter() > until:
+                out["skipped"].append({"cache_dtype": cache_dtype, "tile": tile, "per_sm": per_sm})
+                continue
+            da.split_constexprs = functools.partial(original[0], tile=tile)
+            da.default_num_splits = functools.partial(original[1], programs_per_sm=per_sm)
+            ts = []
+            try:
+                for B, S, args, ref, nbytes in inputs:
+                    splits = da.default_num_splits(B, Hkv, S, args[0].device)
+
+                    def call(args=args):
+                        return da.decode_attention(*args, check_lengths=False)
+                    got = call().float()
+                    ok = bool(torch.allclose(got, ref, atol=atol, rtol=rtol))
+                    t = timed(run, call, nbytes)
+                    out["timings"].append({"cache_dtype": cache_dtype, "B": B, "S": S, "tile": tile, "per_sm": per_sm,
+                                           "splits": splits, "time_s": t, "bytes_per_s": nbytes / t,
+                                           "max_abs_err": (got - ref).abs().max().item(), "correct": ok})
+                    ts.append(t if ok else None)
+            finally:
+                da.split_constexprs, da.default_num_splits = original
+            if None not in ts:
+                times[(tile, per_sm)] = ts
+        for B, S, *_ in inputs:
+            best = sorted((e for e in out["timings"] if e["cache_dtype"] == cache_dtype and e["B"] == B
+                           and e["S"] == S and e["correct"]), key=lambda e: e["time_s"])[:3]
+            log(f"attention {cache_dtype} B={B} S={S}: best " + ", ".join(
+                f"{e['tile']}x{e['per_sm']} ({e['splits']} splits) {e['bytes_per_s'] / 1e9:.0f} GB/s" for e in best))
+        if default in times:
+            geo = {c: math.exp(sum(math.log(t / r) for t, r in zip(ts, times[default])) / len(ts))
+                   for c, ts in times.items()}
+            c = min(geo, key=geo.get)
+            out["best"][cache_dtype] = {"tile": list(c[0]), "per_sm": c[1], "relative_to_default": geo[c],
+                                        "default": {"tile": list(default[0]), "per_sm": default[1]}}
+            log(f"attention {cache_dtype} best: tile {c[0]} at {c[1]} split programs per SM, "
+                f"{geo[c]:.2f} of the default's time (default {default})")
+    return out
+
+
+# ---------------------------------------------------------------- 3. the decode step
+def time_steps(run, deadline: float, result: dict) -> dict:
+    import torch
+
+    import kernels.decode_attention as da
+    import kernels.matmul as mm
+    from labkit import sweeps
+    model = "lab-tiny" if run.dry else "llama-3.1-8b"
+    points = DRY_STEP_POINTS if run.dry else STEP_POINTS
+    out = {"model": model, "before": [], "after": []}
+
+    def measure(label: str):
+        for B, S, cache_dtype in points:
+            if time.perf_counter() > deadline:
+                out.setdefault("skipped", []).append([label, B, S, cache_dtype])
+                continue
+            p = sweeps.measure_decode(model, B, S, cache_dtype, device=run.device)
+            keep = {k: p.get(k) for k in ("batch", "context_tokens", "cache_dtype", "time_s", "roof_fraction",
+                                           "predicted_time_s", "kernels", "host_bound", "tokens_per_s")}
+            out[label].append(keep)
+            log(f"step {label} B={B} S={S} {cache_dtype}: {p['time_s'] * 1e3:.2f} ms = {p['roof_fraction']:.2f} "
+                f"of the calibrated roof ({p.get('kernels')})")
+
+    def fresh():
+        sweeps._MODELS.clear()  # a new model captures a new graph with the patched tiles
+        if run.device == "cuda":
+            torch.cuda.empty_cache()
+
+    measure("before")
+    if run.device == "cuda" and time.perf_counter() < deadline:
+        out["profile"] = profile_step(model, run.device)
+    mm_best = (result.get("matmul") or {}).get("best")
+    at_best = (result.get("attention") or {}).get("best") or {}
+    if not mm_best and not at_best:
+        return out
+    original = (mm.split_k_plan, da.split_constexprs, da.default_num_splits)
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8", torch.int8: "int8",
+             torch.float32: "fp32"}
+
+    def attention_tile(q_dt, c_dt, *args, **kw):
+        best = at_best.get(c_dt)
+        return original[1](q_dt, c_dt, *args, **kw, tile=tuple(best["tile"]) if best else None)
+
+    def splits_for(k_dtype):
+        best = at_best.get(k_dtype)
+        return best["per_sm"] if best else da.SPLITS_PROGRAMS_PER_SM
+
+    decode_attention = da.decode_attention
+
+    def patched_decode_attention(q, k_cache, *args, **kw):  # the split count follows the cache dtype
+        da.default_num_splits = functools.partial(original[2], programs_per_sm=splits_for(names[k_cache.dtype]))
+        return decode_attention(q, k_cache, *args, **kw)
+
+    fresh()
+    try:
+        if mm_best:
+            mm.split_k_plan = functools.partial(original[0], tile=tuple(mm_best["tile"]),
+                                                programs_per_sm=mm_best["per_sm"])
+        da.split_constexprs = attention_tile
+        da.decode_attention = patched_decode_attention
+        out["after_tiles"] = {"matmul": mm_best, "attention": at_best}
+        measure("after")
+        if run.device == "cuda" and time.perf_counter() < deadline + 20:
+            out["profile_after"] = profile_step(model, run.device)
+    finally:
+        mm.split_k_plan, da.split_constexprs, da.default_num_splits = original
+        da.decode_attention = decode_attention
+        fresh()
+    return out
+
+
+def profile_step(model: str, device: str, B: int = 1, S: int = 8192) -> list:
+    """GPU time by kernel over 3 decode steps at (B, S, bf16), the 20 largest."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from labkit import sweeps
+    built = sweeps.get_built_model(model, device)
+    cache = sweeps.ensure_cache(built, B, S + 1, "bf16", 1)
+    if cache.filled_tokens < S:
+        cache.fill_random(cache.max_tokens - 1)
+    cache.set_lengths(S, active=True)
+    tokens = sweeps._random_tokens(built.spec, (B,), built.device)
+    built.decode_step(tokens)
+    cache.set_lengths(S, active=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            built.decode_step(tokens)
+            cache.set_lengths(S, active=True)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        rows.append({"name": e.key[:120], "gpu_us_per_step": us / 3, "calls_per_step": e.count / 3})
+    rows.sort(key=lambda r: -r["gpu_us_per_step"])
+    total = sum(r["gpu_us_per_step"] for r in rows)
+    log(f"profile B={B} S={S}: {total / 1e3:.2f} ms of kernels a step; "
+        + "; ".join(f"{r['name'][:40]} {r['gpu_us_per_step'] / 1e3:.2f} ms x{r['calls_per_step']:.0f}" for r in rows[:6]))
+    return rows[:20]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
