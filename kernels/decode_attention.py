@@ -154,8 +154,15 @@ COMBINE_BLOCKS = (16, MAX_SPLITS)  # its BLOCK_S: two compiled variants, not one
 # and an int8/fp8 cache's upcast tiles take 8 warps, or they spill on sm_90a.
 SPLIT_TILES = ((64, 3), (64, 2), (32, 2), (16, 2))
 SPLIT_TILES_FP32_DOT = ((32, 2), (16, 2))
-# Split programs per SM (before the caps in default_num_splits).
+# 1-byte caches on Hopper at D <= 128, tried before the tiles above: (BLOCK_N, stages, warps) timed
+# on an H200 (scripts/gpu_tune.py; data/recordings/gpu-tune-h200-20261204-1541.json). With (64, 3)
+# at 8 warps an int8 or fp8 cache streamed at 1.7-2.0 TB/s where bf16 reached 3.5-4.2: each tile
+# holds half the bytes. int8 read 2.0-2.8 TB/s in 128-key tiles at 4 warps; fp8 1.9-2.4 in 64-key
+# tiles at 4 warps with 8 split programs per SM (below).
+QUANT_SPLIT_TILES = {"int8": ((128, 3, 4),), "fp8": ((64, 3, 4),)}
+# Split programs per SM (before the caps in default_num_splits), by cache dtype, else the default.
 SPLITS_PROGRAMS_PER_SM = 2
+SPLITS_PROGRAMS_PER_SM_BY_CACHE = {"fp8": 8}
 INTERPRETER_SPLIT_TILE = (16, 1)  # interpreter: small tiles keep the tests quick
 
 
@@ -195,15 +202,18 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
     else:
         # D = 16 (lab-tiny) and Turing (stages in registers) keep to 32-key tiles: wider ones spill.
         narrow = head_dim <= 16 or (capability is not None and tuple(capability) < (8, 0))
-        tiles = [t for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES) if (shared_limit is None
-                 or split_shared_bytes(*t, head_dim, _BYTES[cache_dtype], dot_bytes) <= shared_limit)
+        warps = 8 if (kv_quant or dot_fp32) and head_dim > 16 else 4
+        hopper = capability is None or tuple(capability) >= (9, 0)
+        tuned = QUANT_SPLIT_TILES.get(cache_dtype, ()) if hopper and 16 < head_dim <= 128 else ()
+        tiles = [t for t in tuned + tuple((*t, warps) for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES))
+                 if (shared_limit is None or split_shared_bytes(t[0], t[1], head_dim, _BYTES[cache_dtype],
+                                                                dot_bytes) <= shared_limit)
                  and not (narrow and t[0] > 32)]
+    if tile is not None:
+        tiles = [tile]
     if not tiles:
         return None
-    block_n, stages = tiles[0]
-    warps = 8 if (kv_quant or dot_fp32) and head_dim > 16 and not interpreted else 4
-    if tile is not None:
-        block_n, stages, warps = tile
+    block_n, stages, warps = tiles[0] if len(tiles[0]) == 3 else (*tiles[0], 4)
     return {"constexprs": {"KV_QUANT": kv_quant, "DOT_FP32": dot_fp32,
                            "INPUT_PRECISION": "ieee" if dot_fp32 else "tf32", "HEAD_DIM": head_dim,
                            "BLOCK_H": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n},
@@ -220,16 +230,20 @@ def _block_n(device: torch.device) -> int:
     return SPLIT_TILES[0][0] if device.type == "cuda" else INTERPRETER_SPLIT_TILE[0]
 
 
-def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device,
-                       programs_per_sm: int = SPLITS_PROGRAMS_PER_SM) -> int:
+def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device, cache_dtype: str | None = None,
+                       programs_per_sm: int | None = None) -> int:
     """Splits so that batch * num_kv_heads * splits is about programs_per_sm x the SM count on
-    CUDA (8 programs in the interpreter), capped so each split gets at least 4 tiles of the
-    s_max-long cache.
+    CUDA (by default SPLITS_PROGRAMS_PER_SM, or the cache dtype's; 8 programs in the interpreter),
+    capped so each split gets at least 4 tiles of the s_max-long cache.
 
     Capped by the cache capacity s_max, not by lengths.max(): reading lengths would need a
     device-to-host sync on every decode step. Splits past a short sequence's end exit at once.
     """
     device = torch.device(device)
+    if device.type != "cuda":
+        programs_per_sm = 2
+    elif programs_per_sm is None:
+        programs_per_sm = SPLITS_PROGRAMS_PER_SM_BY_CACHE.get(cache_dtype, SPLITS_PROGRAMS_PER_SM)
     target = programs_per_sm * sm_count(device)  # 264 on an H100 at 2 a SM; 8 in the interpreter
     splits = triton.cdiv(target, max(1, batch * num_kv_heads))
     max_useful = triton.cdiv(s_max, 4 * _block_n(device))
@@ -304,7 +318,7 @@ def decode_attention(q, k_cache, v_cache, lengths, k_scale=None, v_scale=None, n
     B, H, D = q.shape
     Hkv, S_max = k_cache.shape[1], k_cache.shape[2]
     if num_splits is None:
-        num_splits = default_num_splits(B, Hkv, S_max, q.device)
+        num_splits = default_num_splits(B, Hkv, S_max, q.device, _NAMES[k_cache.dtype])
     if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"decode_attention: num_splits must be an int in [1, {MAX_SPLITS}]; "
                          f"got {num_splits!r}")

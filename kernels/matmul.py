@@ -47,12 +47,19 @@ GROUP_M = 8
 
 # The decode-shaped (split-K) path, M <= SPLIT_K_MAX_M: BLOCK_M rows is M rounded up to 16, 32
 # or 64 (tl.dot's smallest is 16); one tile per element size, no autotuning.
+# The 16-bit tile and the programs per SM were timed on an H200 (scripts/gpu_tune.py; recording
+# data/recordings/gpu-tune-h200-20261204-1541.json): over the 8B's products at M = 1 and 16, 128-key
+# steps with 4 programs per SM took 0.44 of the time of (64, 64, 3, 4) at 1 per SM, which left the
+# weights streaming at 0.9-2.8 TB/s (torch's GEMV: 2.2-4.2).
 SPLIT_K_MAX_M = 64
-SPLIT_K_TILE = {2: (64, 64, 3, 4), 4: (64, 16, 3, 4)}  # element bytes -> (BLOCK_N, BLOCK_K, stages, warps)
+SPLIT_K_TILE = {2: (64, 128, 3, 4), 4: (64, 16, 3, 4)}  # element bytes -> (BLOCK_N, BLOCK_K, stages, warps)
 SPLIT_K_TILE_SM75 = (32, 32, 2, 4)  # 16-bit on Turing (see TILES_16BIT_SM75)
+SPLIT_K_TILE_AMPERE = (64, 64, 3, 4)  # 16-bit on Ampere and Ada: the tile above spills 44-52 bytes there
 INTERPRETER_SPLIT_K_TILE = (32, 32, 1, 4)
-# Programs the split aims for, per SM: enough column tiles x K slices to keep every SM streaming.
-SPLIT_K_PROGRAMS_PER_SM = 1
+# Programs the split aims for, per SM on a GPU: enough column tiles x K slices in flight to keep
+# HBM busy (1 per SM streamed the 8B's weights at 0.8 TB/s on an H200). 1 in the interpreter, whose
+# stand-in SM count is already small.
+SPLIT_K_PROGRAMS_PER_SM = 4
 REDUCE_BLOCK = 1024  # elements of c per program of the split-K sum
 
 # Autotune keys: M rounded up to a power of two between these, so a new prompt length or batch
@@ -209,7 +216,7 @@ def _split_k_sum_kernel(
 
 def split_k_plan(M: int, N: int, K: int, elem_bytes: int, sms: int, interpreted: bool = INTERPRETED,
                  capability: tuple | None = None, tile: tuple | None = None,
-                 programs_per_sm: int = SPLIT_K_PROGRAMS_PER_SM) -> dict:
+                 programs_per_sm: int | None = None) -> dict:
     """How a decode-shaped product (M <= SPLIT_K_MAX_M) is cut: tile sizes, K slices, programs.
 
     SPLIT_K is the fewest slices for which column tiles x slices >= programs_per_sm x sms, limited
@@ -220,14 +227,15 @@ def split_k_plan(M: int, N: int, K: int, elem_bytes: int, sms: int, interpreted:
         block_n, block_k, stages, warps = tile
     elif interpreted:
         block_n, block_k, stages, warps = INTERPRETER_SPLIT_K_TILE
-    elif elem_bytes == 2 and capability is not None and tuple(capability) < (8, 0):
-        block_n, block_k, stages, warps = SPLIT_K_TILE_SM75
+    elif elem_bytes == 2 and capability is not None and tuple(capability) < (9, 0):
+        block_n, block_k, stages, warps = SPLIT_K_TILE_SM75 if tuple(capability) < (8, 0) else SPLIT_K_TILE_AMPERE
     else:
         block_n, block_k, stages, warps = SPLIT_K_TILE[elem_bytes]
     block_m = max(16, triton.next_power_of_2(M))
     tiles = triton.cdiv(N, block_n)
     steps = max(1, triton.cdiv(K, block_k))
-    wanted = max(1, min(triton.cdiv(programs_per_sm * sms, tiles), steps))
+    per_sm = programs_per_sm or (1 if interpreted else SPLIT_K_PROGRAMS_PER_SM)
+    wanted = max(1, min(triton.cdiv(per_sm * sms, tiles), steps))
     per_split = max(1, steps // wanted) * block_k
     split_k = max(1, triton.cdiv(K, per_split))
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages,

@@ -316,6 +316,22 @@ def variants_for(targets, kernels) -> list[Variant]:
     return out
 
 
+# Spills that a GPU timing showed cost less than the tile they come with, as (kernel function,
+# config entries naming the tile) -> bytes allowed: the split-K tile and the fp8 decode tile that
+# scripts/gpu_tune.py timed fastest on an H200 (data/recordings/gpu-tune-h200-20261204-1541.json,
+# compiled there by triton 3.6), where triton 3.9's ptxas reports 32 and 20 bytes of spill. The
+# nearest tiles that do not spill took 3 % (split-K at M = 1 and 16; 28 % at M = 64) and 8 % (fp8) longer.
+TIMED_SPILLS = {("_matmul_split_k_kernel", (("BLOCK_N", 64), ("BLOCK_K", 128), ("num_warps", 4))): 32,
+                ("_decode_split_kernel", (("cache", "fp8"), ("BLOCK_N", 64), ("num_warps", 4))): 20}
+
+
+def spill_allowed(variant: Variant) -> int:
+    """Bytes of spill TIMED_SPILLS allows this variant (0 for every other)."""
+    seen = {**variant.config, "num_warps": variant.num_warps}
+    return max((allowed for (fn, entries), allowed in TIMED_SPILLS.items()
+                if fn == variant.fn_name and all(seen.get(k) == v for k, v in entries)), default=0)
+
+
 def findings(variant: Variant) -> list[str]:
     """What is wrong with a compiled variant, as short phrases (none: it passes)."""
     r, limit = variant.results, gpu_limits(TARGETS[variant.target]).shared_bytes_per_block
@@ -326,7 +342,7 @@ def findings(variant: Variant) -> list[str]:
         wrong.append(f"{r['shared_bytes']:,} bytes of shared memory > {limit:,}")
     if r["spill_bytes"] is None:
         wrong.append("no ptxas report")
-    elif r["spill_bytes"] > 0:
+    elif r["spill_bytes"] > spill_allowed(variant):
         wrong.append(f"spills {r['spill_bytes']} bytes of registers")
     if r.get("wgmma") is False:
         wrong.append("no wgmma on sm_90a")
