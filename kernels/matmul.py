@@ -49,16 +49,16 @@ GROUP_M = 8
 # or 64 (tl.dot's smallest is 16); one tile per element size, no autotuning.
 # The 16-bit tile and the programs per SM were timed on an H200 (scripts/gpu_tune.py; recording
 # data/recordings/gpu-tune-h200-20261204-1541.json): over the 8B's products at M = 1 and 16, 128-key
-# steps with 4 programs per SM took 0.44 of the time of (64, 64, 3, 4) at 1 per SM, which left the
-# weights streaming at 0.9-2.8 TB/s (torch's GEMV: 2.2-4.2).
+# steps with 4 programs per SM took 0.44 of the time of (64, 64, 3, 4) at 1 per SM: the weights
+# stream at 1.3-2.7 TB/s where they did at 0.5-2.8 (torch's GEMV: 2.0-4.3 on the same shapes).
 SPLIT_K_MAX_M = 64
 SPLIT_K_TILE = {2: (64, 128, 3, 4), 4: (64, 16, 3, 4)}  # element bytes -> (BLOCK_N, BLOCK_K, stages, warps)
 SPLIT_K_TILE_SM75 = (32, 32, 2, 4)  # 16-bit on Turing (see TILES_16BIT_SM75)
 SPLIT_K_TILE_AMPERE = (64, 64, 3, 4)  # 16-bit on Ampere and Ada: the tile above spills 44-52 bytes there
 INTERPRETER_SPLIT_K_TILE = (32, 32, 1, 4)
 # Programs the split aims for, per SM on a GPU: enough column tiles x K slices in flight to keep
-# HBM busy (1 per SM streamed the 8B's weights at 0.8 TB/s on an H200). 1 in the interpreter, whose
-# stand-in SM count is already small.
+# HBM busy (at 1 per SM the 8B's products read their weights at 0.9 TB/s in an H200's decode
+# step). 1 in the interpreter, whose stand-in SM count is already small.
 SPLIT_K_PROGRAMS_PER_SM = 4
 REDUCE_BLOCK = 1024  # elements of c per program of the split-K sum
 
