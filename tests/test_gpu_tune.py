@@ -36,3 +36,30 @@ def test_dry_run_writes_a_recording_with_the_best_tiles(tmp_path):
     assert set(record["attention"]["best"]) == {"fp16", "int8"}
     assert all(e["correct"] for e in record["attention"]["timings"])
     assert len(record["step"]["before"]) == len(record["step"]["after"]) == len(gpu_tune.DRY_STEP_POINTS)
+
+
+RECORDING = ROOT / "data" / "recordings" / "gpu-tune-h200-20261204-1541.json"
+
+
+@pytest.mark.triton
+def test_the_kernels_decode_tiles_are_the_recorded_winners_on_hopper():
+    """The tile tables cite the H200 tuning recording: on Hopper the wrappers pick its winners
+    for the 8B's shapes (D = 128, bf16 q); Ampere and D = 256 keep the tiles that do not spill there."""
+    import kernels.decode_attention as da
+    import kernels.matmul as mm
+    record = json.loads(RECORDING.read_text())
+    assert record["provenance"]["device_name"] == "NVIDIA H200"
+    best = record["matmul"]["best"]
+    plan = mm.split_k_plan(1, 4096, 4096, 2, 132, interpreted=False, capability=(9, 0))
+    assert [plan[k] for k in ("BLOCK_N", "BLOCK_K", "num_stages", "num_warps")] == best["tile"]
+    assert mm.SPLIT_K_PROGRAMS_PER_SM == best["per_sm"] and plan["programs"] >= best["per_sm"] * 132
+    ampere = mm.split_k_plan(1, 4096, 4096, 2, 108, interpreted=False, capability=(8, 0))
+    assert (ampere["BLOCK_N"], ampere["BLOCK_K"]) == mm.SPLIT_K_TILE_AMPERE[:2]
+    for cache_dtype, chosen in record["attention"]["best"].items():
+        c = da.split_constexprs("bf16", cache_dtype, 128, 4, 232448, capability=(9, 0))
+        assert [c["constexprs"]["BLOCK_N"], c["num_stages"], c["num_warps"]] == chosen["tile"], cache_dtype
+        per_sm = da.SPLITS_PROGRAMS_PER_SM_BY_CACHE.get(cache_dtype, da.SPLITS_PROGRAMS_PER_SM)
+        assert per_sm == chosen["per_sm"], cache_dtype
+    for cache_dtype in ("int8", "fp8"):
+        assert da.split_constexprs("bf16", cache_dtype, 256, 4, 232448, capability=(9, 0))["num_warps"] == 8
+        assert da.split_constexprs("bf16", cache_dtype, 128, 4, 166912, capability=(8, 0))["num_warps"] == 8
