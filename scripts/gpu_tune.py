@@ -127,7 +127,8 @@ def tune_matmul(run, deadline: float, _result) -> dict:
     shared = mm.shared_bytes_per_block(torch.device(run.device)) if run.device == "cuda" else None
     atol, rtol = float_tolerance(run.dtype)
     rows = (1, 4) if run.dry else (1, 16)
-    default = original(1, 4096, 4096, 2, 132, interpreted=False, capability=(9, 0))
+    device = torch.device(run.device)
+    default = original(1, 4096, 4096, 2, mm.sm_count(device), capability=mm.capability(device))
     default = (tuple(default[k] for k in ("BLOCK_N", "BLOCK_K", "num_stages", "num_warps")), mm.SPLIT_K_PROGRAMS_PER_SM)
     tiles = MATMUL_TILES[:3] if run.dry else MATMUL_TILES
     candidates = [default] + [(t, p) for t in tiles for p in MATMUL_PER_SM if (t, p) != default
