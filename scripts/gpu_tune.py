@@ -26,6 +26,7 @@ citing the recording.
 from __future__ import annotations
 
 import argparse
+import importlib
 import functools
 import json
 import math
@@ -120,7 +121,7 @@ def tune_matmul(run, deadline: float, _result) -> dict:
     drops whole candidates, never a product of one."""
     import torch
 
-    import kernels.matmul as mm
+    mm = importlib.import_module("kernels.matmul")  # kernels.matmul may be the function
     from kernels.tolerances import float_tolerance
     from labkit.gpu_run import randn
     spec, original = model_spec(run), mm.split_k_plan
@@ -200,7 +201,7 @@ def tune_attention(run, deadline: float, _result) -> dict:
     """Per cache dtype (a third of the time each), candidates in turn over every shape."""
     import torch
 
-    import kernels.decode_attention as da
+    da = importlib.import_module("kernels.decode_attention")  # may be the function
     from kernels.tolerances import decode_attention_tolerance
     from labkit.gpu_run import quantized_cache, randn
     spec = model_spec(run)
@@ -274,8 +275,8 @@ def tune_attention(run, deadline: float, _result) -> dict:
 def time_steps(run, deadline: float, result: dict) -> dict:
     import torch
 
-    import kernels.decode_attention as da
-    import kernels.matmul as mm
+    da = importlib.import_module("kernels.decode_attention")  # may be the function
+    mm = importlib.import_module("kernels.matmul")  # kernels.matmul may be the function
     from labkit import sweeps
     model = "lab-tiny" if run.dry else "llama-3.1-8b"
     points = DRY_STEP_POINTS if run.dry else STEP_POINTS
