@@ -45,7 +45,7 @@ ATTENTION_TILES = ((64, 3, 4), (64, 3, 8), (128, 2, 8), (128, 3, 8), (128, 3, 4)
 ATTENTION_PER_SM = (1, 2, 4, 8)
 SHARES = {"matmul": 0.35, "attention": 0.25, "step": 0.40}
 STEP_POINTS = ((1, 8192, "bf16"), (16, 8192, "bf16"), (64, 8192, "bf16"), (16, 8192, "int8"), (16, 8192, "fp8"))
-DRY_STEP_POINTS = ((1, 64, "fp16"), (4, 64, "int8"))
+DRY_STEP_POINTS = ((2, 64, "int8"),)
 
 
 def log(text: str):
@@ -131,8 +131,8 @@ def tune_matmul(run, deadline: float, _result) -> dict:
     device = torch.device(run.device)
     default = original(1, 4096, 4096, 2, mm.sm_count(device), capability=mm.capability(device))
     default = (tuple(default[k] for k in ("BLOCK_N", "BLOCK_K", "num_stages", "num_warps")), mm.SPLIT_K_PROGRAMS_PER_SM)
-    tiles = MATMUL_TILES[:3] if run.dry else MATMUL_TILES
-    candidates = [default] + [(t, p) for t in tiles for p in MATMUL_PER_SM if (t, p) != default
+    tiles, per_sms = (MATMUL_TILES[:1], (1, 4)) if run.dry else (MATMUL_TILES, MATMUL_PER_SM)  # dry: a quick test
+    candidates = [default] + [(t, p) for t in tiles for p in per_sms if (t, p) != default
                               and (shared is None or mm.shared_bytes_estimate(16, t[0], t[1], t[2], 2) <= shared)]
     shapes = products(spec)
     out = {"default": {"tile": list(default[0]), "per_sm": default[1]}, "timings": [], "torch": [], "skipped": []}
@@ -217,8 +217,8 @@ def tune_attention(run, deadline: float, _result) -> dict:
         cbytes = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}[cache_dtype]
         plan = original[0](run.dtype, cache_dtype, D, H // Hkv, shared, capability=da.capability(torch.device(run.device)))
         default = ((plan["constexprs"]["BLOCK_N"], plan["num_stages"], plan["num_warps"]), da.SPLITS_PROGRAMS_PER_SM)
-        tiles = ATTENTION_TILES[:2] if run.dry else ATTENTION_TILES
-        cands = [default] + [(t, p) for t in tiles for p in ATTENTION_PER_SM if (t, p) != default
+        tiles, per_sms = (ATTENTION_TILES[:1], (2,)) if run.dry else (ATTENTION_TILES, ATTENTION_PER_SM)
+        cands = [default] + [(t, p) for t in tiles for p in per_sms if (t, p) != default
                              and (shared is None or da.split_shared_bytes(t[0], t[1], D, cbytes, 2) <= shared)]
         inputs = []
         for B, S in shapes:
