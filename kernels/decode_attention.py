@@ -151,7 +151,7 @@ COMBINE_BLOCKS = (16, MAX_SPLITS)  # its BLOCK_S: two compiled variants, not one
 # Split-kernel tiles on CUDA, (BLOCK_N, num_stages), best first: the first whose buffers fit the
 # GPU's shared memory is used (an fp32 cache at D = 256 needed 276 KiB at (64, 3); H100 has 227).
 # Sized by make gpu-compile's register report: fp32 dots (an fp32 cache) take half-width tiles,
-# and an int8/fp8 cache's upcast tiles take 8 warps, or they spill on sm_90a.
+# and an int8/fp8 cache's upcast tiles take 8 warps, or they spill on sm_90a (but see QUANT_SPLIT_TILES).
 SPLIT_TILES = ((64, 3), (64, 2), (32, 2), (16, 2))
 SPLIT_TILES_FP32_DOT = ((32, 2), (16, 2))
 # 1-byte caches on Hopper at D <= 128, tried before the tiles above: (BLOCK_N, stages, warps) timed
@@ -163,7 +163,7 @@ QUANT_SPLIT_TILES = {"int8": ((128, 3, 4),), "fp8": ((64, 3, 4),)}
 # Split programs per SM (before the caps in default_num_splits), by cache dtype, else the default.
 SPLITS_PROGRAMS_PER_SM = 2
 SPLITS_PROGRAMS_PER_SM_BY_CACHE = {"fp8": 8}
-INTERPRETER_SPLIT_TILE = (16, 1)  # interpreter: small tiles keep the tests quick
+INTERPRETER_SPLIT_TILE = (16, 1, 4)  # interpreter: small tiles keep the tests quick
 
 
 def split_shared_bytes(block_n: int, stages: int, head_dim: int, cache_bytes: int, dot_bytes: int) -> int:
@@ -189,8 +189,8 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
                      tile: tuple | None = None) -> dict | None:
     """The split kernel's constexprs, warps and stages for these dtypes (lab names), or None when
     compiled kernels do not take the pair (`compiled_refusal`) or no tile fits `shared_limit`
-    bytes (None: no limit). `tile` (BLOCK_N, stages, warps) replaces the table's choice:
-    scripts/gpu_tune.py times candidates through it."""
+    bytes (None: no limit). Tiles are (BLOCK_N, stages, warps); `tile` replaces the table's
+    choice: scripts/gpu_tune.py times candidates through it."""
     kv_quant = {"int8": KV_QUANT_PER_TOKEN, "fp8": KV_QUANT_PER_TENSOR}.get(cache_dtype, KV_QUANT_NONE)
     # Dot in q's dtype when the cache converts exactly (same dtype, int8, fp8); else in fp32.
     dot_fp32 = q_dtype == "fp32" or not (cache_dtype == q_dtype or kv_quant)
@@ -213,7 +213,7 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
         tiles = [tile]
     if not tiles:
         return None
-    block_n, stages, warps = tiles[0] if len(tiles[0]) == 3 else (*tiles[0], 4)
+    block_n, stages, warps = tiles[0]
     return {"constexprs": {"KV_QUANT": kv_quant, "DOT_FP32": dot_fp32,
                            "INPUT_PRECISION": "ieee" if dot_fp32 else "tf32", "HEAD_DIM": head_dim,
                            "BLOCK_H": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n},
@@ -234,16 +234,15 @@ def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device, cache_
                        programs_per_sm: int | None = None) -> int:
     """Splits so that batch * num_kv_heads * splits is about programs_per_sm x the SM count on
     CUDA (by default SPLITS_PROGRAMS_PER_SM, or the cache dtype's; 8 programs in the interpreter),
-    capped so each split gets at least 4 tiles of the s_max-long cache.
+    capped so each split gets at least 4 x SPLIT_TILES' widest tile (64 keys) of the s_max-long cache.
 
     Capped by the cache capacity s_max, not by lengths.max(): reading lengths would need a
     device-to-host sync on every decode step. Splits past a short sequence's end exit at once.
     """
     device = torch.device(device)
-    if device.type != "cuda":
-        programs_per_sm = 2
-    elif programs_per_sm is None:
-        programs_per_sm = SPLITS_PROGRAMS_PER_SM_BY_CACHE.get(cache_dtype, SPLITS_PROGRAMS_PER_SM)
+    if programs_per_sm is None:
+        by_cache = SPLITS_PROGRAMS_PER_SM_BY_CACHE if device.type == "cuda" else {}
+        programs_per_sm = by_cache.get(cache_dtype, SPLITS_PROGRAMS_PER_SM)
     target = programs_per_sm * sm_count(device)  # 264 on an H100 at 2 a SM; 8 in the interpreter
     splits = triton.cdiv(target, max(1, batch * num_kv_heads))
     max_useful = triton.cdiv(s_max, 4 * _block_n(device))

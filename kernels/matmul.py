@@ -227,8 +227,10 @@ def split_k_plan(M: int, N: int, K: int, elem_bytes: int, sms: int, interpreted:
         block_n, block_k, stages, warps = tile
     elif interpreted:
         block_n, block_k, stages, warps = INTERPRETER_SPLIT_K_TILE
+    elif elem_bytes == 2 and capability is not None and tuple(capability) < (8, 0):
+        block_n, block_k, stages, warps = SPLIT_K_TILE_SM75
     elif elem_bytes == 2 and capability is not None and tuple(capability) < (9, 0):
-        block_n, block_k, stages, warps = SPLIT_K_TILE_SM75 if tuple(capability) < (8, 0) else SPLIT_K_TILE_AMPERE
+        block_n, block_k, stages, warps = SPLIT_K_TILE_AMPERE
     else:
         block_n, block_k, stages, warps = SPLIT_K_TILE[elem_bytes]
     block_m = max(16, triton.next_power_of_2(M))

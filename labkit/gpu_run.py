@@ -210,8 +210,8 @@ def autotune_estimate(sizes: Sizes, budget_s: float = 420.0, model: str | None =
     from kernels.matmul import SPLIT_K_MAX_M, m_bucket, tiles_for  # after the interpreter choice
     from .specs import get_model  # the model whose linears the run multiplies
     spec = get_model(model or sizes.model)
-    d, f = spec.hidden_size, spec.intermediate_size
-    linears = ((d, spec.q_dim + 2 * spec.kv_dim), (spec.q_dim, d), (d, 2 * f), (f, d))  # (K, N): wqkv, wo, gate_up, down
+    d = spec.hidden_size
+    linears = [(K, N) for name, (K, N, _) in roofline.linear_shapes(spec).items() if name != "head"]
     rows = {M for M, _, _ in sizes.matmuls} | set(sizes.prompts) | set(_batches(sizes))
     mm_keys = {(m_bucket(M), K, N) for M, K, N in sizes.matmuls if M > SPLIT_K_MAX_M}
     mm_keys |= {(m_bucket(M), K, N) for M in rows if M > SPLIT_K_MAX_M for K, N in linears}

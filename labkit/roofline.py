@@ -75,6 +75,15 @@ def layer_params(model: ModelSpec) -> int:
     return attention + mlp + 2 * model.hidden_size
 
 
+def linear_shapes(model: ModelSpec) -> dict[str, tuple[int, int, int]]:
+    """The products a token goes through, {name: (K, N, count per pass)}: each layer's fused q/k/v,
+    o, fused gate/up and down projections (as labkit.model stores them), then the LM head. Their
+    K x N x count adds up to param_count(model, "matmul")."""
+    d, f, L = model.hidden_size, model.intermediate_size, model.n_layers
+    return {"qkv": (d, model.q_dim + 2 * model.kv_dim, L), "o": (model.q_dim, d, L), "gate_up": (d, 2 * f, L),
+            "down": (f, d, L), "head": (d, model.vocab_size, 1)}
+
+
 def layer_matmul_params(model: ModelSpec) -> int:
     """Weights one token is multiplied by in one layer (the norms' vectors are not matmuls)."""
     return layer_params(model) - 2 * model.hidden_size

@@ -100,16 +100,6 @@ def model_spec(run):
     return get_model("lab-tiny" if run.dry else "llama-3.1-8b")
 
 
-def products(spec) -> dict:
-    """The decode step's products as {name: (N, K, count per step)}."""
-    h, d = spec.hidden_size, spec.head_dim
-    return {"qkv": ((spec.n_heads + 2 * spec.n_kv_heads) * d, h, spec.n_layers),
-            "o": (h, spec.n_heads * d, spec.n_layers),
-            "gate_up": (2 * spec.intermediate_size, h, spec.n_layers),
-            "down": (h, spec.intermediate_size, spec.n_layers),
-            "head": (spec.vocab_size, h, 1)}
-
-
 def timed(run, fn, nbytes: float) -> float:
     from labkit.measure import time_fn
     return time_fn(fn, run.device, 1, 5, 0.1, isolate=run.device == "cuda", working_set_bytes=nbytes).median_s
@@ -123,6 +113,7 @@ def tune_matmul(run, deadline: float, _result) -> dict:
 
     mm = importlib.import_module("kernels.matmul")  # kernels.matmul may be the function
     from kernels.tolerances import float_tolerance
+    from labkit import roofline
     from labkit.gpu_run import randn
     spec, original = model_spec(run), mm.split_k_plan
     shared = mm.shared_bytes_per_block(torch.device(run.device)) if run.device == "cuda" else None
@@ -134,13 +125,13 @@ def tune_matmul(run, deadline: float, _result) -> dict:
     tiles, per_sms = (MATMUL_TILES[:1], (1, 4)) if run.dry else (MATMUL_TILES, MATMUL_PER_SM)  # dry: a quick test
     candidates = [default] + [(t, p) for t in tiles for p in per_sms if (t, p) != default
                               and (shared is None or mm.shared_bytes_estimate(16, t[0], t[1], t[2], 2) <= shared)]
-    shapes = products(spec)
+    shapes = roofline.linear_shapes(spec)  # {name: (K, N, count per step)}
     out = {"default": {"tile": list(default[0]), "per_sm": default[1]}, "timings": [], "torch": [], "skipped": []}
 
     def time_all(M: int, cands) -> dict:
         """{candidate: the step's total seconds of products at M rows}, correct candidates only."""
         inputs = {}
-        for name, (N, K, _count) in shapes.items():
+        for name, (K, N, _count) in shapes.items():
             a, b = randn(run, (M, K), 1), randn(run, (N, K), 2, scale=K ** -0.5).t()
             nbytes = 2 * (M * K + K * N + M * N)
             inputs[name] = (a, b, mm.matmul_reference(a, b).float(), nbytes)
@@ -155,7 +146,7 @@ def tune_matmul(run, deadline: float, _result) -> dict:
             mm.split_k_plan = functools.partial(original, tile=tile, programs_per_sm=per_sm)
             try:
                 for name, (a, b, ref, nbytes) in inputs.items():
-                    N, K, count = shapes[name]
+                    K, N, count = shapes[name]
                     got = mm.matmul(a, b).float()
                     ok = bool(torch.allclose(got, ref, atol=atol, rtol=rtol))
                     t = timed(run, lambda: mm.matmul(a, b), nbytes)
@@ -173,7 +164,7 @@ def tune_matmul(run, deadline: float, _result) -> dict:
             best = sorted((e for e in out["timings"] if e["M"] == M and e["shape"] == name and e["correct"]),
                           key=lambda e: e["time_s"])[:3]
             torch_bw = next(e["bytes_per_s"] for e in out["torch"] if e["M"] == M and e["shape"] == name)
-            log(f"matmul M={M} {name} {shapes[name][0]}x{shapes[name][1]}: torch {torch_bw / 1e9:.0f} GB/s; best "
+            log(f"matmul M={M} {name} {shapes[name][1]}x{shapes[name][0]}: torch {torch_bw / 1e9:.0f} GB/s; best "
                 + ", ".join(f"{e['tile']}x{e['per_sm']} {e['bytes_per_s'] / 1e9:.0f} GB/s" for e in best))
         return totals
 

@@ -1,6 +1,6 @@
-"""scripts/gpu_tune.py, the GPU tuner whose recording the kernels' tile tables cite: its products
-are the decode step's matmul weights, and its dry run (the interpreter, toy sizes) still runs
-through every part and writes one recording that names the best tiles."""
+"""scripts/gpu_tune.py, the GPU tuner whose recording the kernels' tile tables cite: its dry run
+(the interpreter, toy sizes) still runs through every part and writes one recording that names
+the best tiles, and the kernels' tables are that recording's winners."""
 import importlib
 import json
 import subprocess
@@ -9,18 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import roofline
-from labkit.specs import get_model
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_tune  # noqa: E402 - from scripts/, after the path
-
-
-@pytest.mark.parametrize("model", ["llama-3.1-8b", "lab-cpu", "lab-tiny"])
-def test_products_are_every_weight_a_decode_step_multiplies_by(model):
-    spec = get_model(model)
-    assert sum(N * K * count for N, K, count in gpu_tune.products(spec).values()) == roofline.param_count(spec, "matmul")
 
 
 @pytest.mark.triton

@@ -42,6 +42,18 @@ def test_matmul_params_exclude_embedding_lookup_and_norms():
     assert n_all - n_mm == L8.vocab_size * L8.hidden_size + norms
 
 
+@pytest.mark.parametrize("name", list(MODELS))
+def test_linear_shapes_are_every_weight_a_token_is_multiplied_by(name):
+    """The products the GPU tuner and the autotuning estimate walk are the model's matmul weights:
+    K x N x count over them is param_count(model, "matmul"), and each is stored as model.Layer
+    stores its weight (qkv, o, gate_up, down; [N, K] there)."""
+    model = get_model(name)
+    shapes = r.linear_shapes(model)
+    assert sum(K * N * count for K, N, count in shapes.values()) == r.param_count(model, "matmul")
+    assert shapes["qkv"][:2] == (model.hidden_size, model.q_dim + 2 * model.kv_dim)
+    assert shapes["head"] == (model.hidden_size, model.vocab_size, 1)
+
+
 def test_tied_head_is_counted_once_in_all():
     tied = get_model("llama-3.2-1b")
     assert r.param_count(tied, "all") == (tied.vocab_size * tied.hidden_size
