@@ -52,7 +52,9 @@ GROUP_M = 8
 # steps with 4 programs per SM took 0.44 of the time of (64, 64, 3, 4) at 1 per SM: the weights
 # stream at 1.3-2.7 TB/s where they did at 0.5-2.8 (torch's GEMV: 2.0-4.3 on the same shapes).
 SPLIT_K_MAX_M = 64
-SPLIT_K_TILE = {2: (64, 128, 3, 4), 4: (64, 16, 3, 4)}  # element bytes -> (BLOCK_N, BLOCK_K, stages, warps)
+# The fp32 tile is untimed: 8 warps, since with loads unmasked along K (EVEN_K) 4 warps spilled
+# 16 bytes on sm_80 at M = 64 (make gpu-compile); with 8 no target spills.
+SPLIT_K_TILE = {2: (64, 128, 3, 4), 4: (64, 16, 3, 8)}  # element bytes -> (BLOCK_N, BLOCK_K, stages, warps)
 SPLIT_K_TILE_SM75 = (32, 32, 2, 4)  # 16-bit on Turing (see TILES_16BIT_SM75)
 SPLIT_K_TILE_AMPERE = (64, 64, 3, 4)  # 16-bit on Ampere and Ada: the tile above spills 44-52 bytes there
 INTERPRETER_SPLIT_K_TILE = (32, 32, 1, 4)
@@ -168,22 +170,32 @@ def _matmul_split_k_kernel(
     BLOCK_M: tl.constexpr,  # M rounded up to 16, 32 or 64: all rows in one tile
     BLOCK_N: tl.constexpr,  # columns of c per program
     BLOCK_K: tl.constexpr,  # depth of one step along K
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: every step is whole, no mask along K
 ):
     pid_n = tl.program_id(0)  # column tile
     pid_k = tl.program_id(1)  # K slice
     offs_m = tl.arange(0, BLOCK_M).to(tl.int64)  # [BLOCK_M]
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    k_start = pid_k * K_PER_SPLIT
+    # K_PER_SPLIT is a multiple of BLOCK_K (split_k_plan), but it is not specialised (one variant
+    # for every shape), so Triton cannot see it: said here, the loads along K (b's contiguous
+    # dimension: b is a weight's transpose) are 16-byte aligned, and with EVEN_K unmasked along K,
+    # so they become 16-byte asynchronous copies in a pipeline. Without both, an sm_90 build
+    # loaded b two bytes at a time (ld.global.b16) and streamed the weights at 1.3-2.7 TB/s.
+    k_start = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + (k_start + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        k_mask = (k0 + offs_k) < k_end
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=offs_m[:, None] < M, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_n[None, :] < N, other=0.0)
+        else:
+            k_mask = (k0 + offs_k) < k_end
+            a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -305,7 +317,8 @@ def _split_k_matmul(a, b, c, precision):
         a, b, c, partial, M, N, K, plan["K_PER_SPLIT"],
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         INPUT_PRECISION=precision, PARTIAL=split_k > 1, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"],
-        BLOCK_K=plan["BLOCK_K"], num_stages=plan["num_stages"], num_warps=plan["num_warps"],
+        BLOCK_K=plan["BLOCK_K"], EVEN_K=K % plan["BLOCK_K"] == 0, num_stages=plan["num_stages"],
+        num_warps=plan["num_warps"],
     )
     if split_k > 1:
         _split_k_sum_kernel[(triton.cdiv(M * N, REDUCE_BLOCK),)](

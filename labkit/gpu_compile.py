@@ -151,14 +151,16 @@ def matmul_variants(dtypes, shared_limit: int | None, capability: tuple | None =
                                checks=("wgmma",) if dt == "bf16" else ()))
         for M in (16, 32, 64):
             plan = mm.split_k_plan(M, N, K, ELEM_BYTES[dt], sms=1, interpreted=False, capability=capability)
-            for partial in (False, True):
+            # K = 4,096 steps evenly (EVEN_K, every model's products); a K that does not (masked
+            # along K) once, at M = 16 with partial sums.
+            for partial, even_k in ((False, True), (True, True)) + (((True, False),) if M == 16 else ()):
                 args = dict(a_ptr=p, b_ptr=p, c_ptr=p, partial_ptr=Pointer("fp32"), M=M, N=N, K=K,
                             K_PER_SPLIT=plan["K_PER_SPLIT"], stride_am=K, stride_ak=1, stride_bk=1, stride_bn=K,
                             INPUT_PRECISION=precision, PARTIAL=partial, BLOCK_M=plan["BLOCK_M"],
-                            BLOCK_N=plan["BLOCK_N"], BLOCK_K=plan["BLOCK_K"])
+                            BLOCK_N=plan["BLOCK_N"], BLOCK_K=plan["BLOCK_K"], EVEN_K=even_k)
                 out.append(Variant("matmul", "_matmul_split_k_kernel", args, plan["num_warps"], plan["num_stages"],
                                    {"path": "split-k", "dtype": dt, "BLOCK_M": plan["BLOCK_M"], "BLOCK_N": plan["BLOCK_N"],
-                                    "BLOCK_K": plan["BLOCK_K"], "partial": partial}))
+                                    "BLOCK_K": plan["BLOCK_K"], "partial": partial, "even_k": even_k}))
         args = dict(partial_ptr=Pointer("fp32"), c_ptr=p, MN=64 * N, SPLIT_K=3, BLOCK=mm.REDUCE_BLOCK)
         out.append(Variant("matmul", "_split_k_sum_kernel", args, 4, 3, {"path": "split-k sum", "dtype": dt}))
     return out

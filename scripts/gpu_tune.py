@@ -1,6 +1,7 @@
 """Time the decode-shaped kernels' tile candidates on this GPU, and the 8B's decode step before and after.
 
     LABKIT_GIT_COMMIT=<commit> PYTHONUNBUFFERED=1 python3 scripts/gpu_tune.py --out DIR [--budget-s 300]
+        [--parts matmul,attention,step]  # some parts: the budget is theirs
     python3 scripts/gpu_tune.py --out DIR --dry-run      # toy sizes, on the CPU in Triton's interpreter
 
 Why: the first GPU check (one H200, 2026-12-04, `labkit.gpu_check` at acbe82d) measured the
@@ -38,8 +39,11 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MATMUL_TILES = ((64, 64, 3, 4), (64, 128, 3, 4), (64, 128, 4, 4), (32, 128, 4, 4), (32, 256, 3, 4),
-                (64, 256, 3, 8), (128, 64, 4, 4), (128, 128, 3, 8), (64, 64, 5, 4), (32, 64, 4, 4))
+# (BLOCK_N, BLOCK_K, stages, warps). Since the split-K kernel's loads along K became 16-byte
+# asynchronous copies (EVEN_K), deeper pipelines and longer K steps are worth timing again.
+MATMUL_TILES = ((64, 128, 3, 4), (64, 128, 4, 4), (64, 128, 5, 4), (32, 128, 4, 4), (32, 256, 3, 4),
+                (32, 256, 4, 4), (64, 256, 3, 4), (64, 256, 3, 8), (128, 128, 3, 8), (128, 128, 4, 4),
+                (64, 64, 4, 4), (64, 64, 6, 4), (16, 256, 4, 4))
 MATMUL_PER_SM = (1, 2, 4, 8)
 ATTENTION_TILES = ((64, 3, 4), (64, 3, 8), (128, 2, 8), (128, 3, 8), (128, 3, 4), (256, 2, 8), (32, 4, 4))
 ATTENTION_PER_SM = (1, 2, 4, 8)
@@ -57,7 +61,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--parts", default=",".join(SHARES),
+                        help=f"comma-separated, of {', '.join(SHARES)} (default all); the budget is shared among them")
     args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not parts or any(p not in SHARES for p in parts):
+        print(f"gpu_tune: error: --parts {args.parts!r}: choose from {', '.join(SHARES)}", file=sys.stderr)
+        return 2
     os.makedirs(args.out, exist_ok=True)
     from labkit import backend
     device = backend.kernel_device()
@@ -68,13 +78,15 @@ def main(argv=None) -> int:
         backend.use_interpreter()
     device = device or "cpu"
     start = time.perf_counter()
-    deadlines, spent = {}, 0.0
-    for part, share in SHARES.items():
-        spent += share
+    deadlines, spent, shares = {}, 0.0, sum(SHARES[p] for p in parts)
+    for part in parts:
+        spent += SHARES[part] / shares
         deadlines[part] = start + spent * args.budget_s
     run = SimpleNamespace(device=device, dtype="bf16" if device == "cuda" else "fp16", dry=args.dry_run)
     result = {"device": device, "dtype": run.dtype, "budget_s": args.budget_s}
     for part, fn in (("matmul", tune_matmul), ("attention", tune_attention), ("step", time_steps)):
+        if part not in parts:
+            continue
         try:
             result[part] = fn(run, deadlines[part], result)
         except Exception as err:  # noqa: BLE001 - recorded; the next part still runs
@@ -122,7 +134,7 @@ def tune_matmul(run, deadline: float, _result) -> dict:
     device = torch.device(run.device)
     default = original(1, 4096, 4096, 2, mm.sm_count(device), capability=mm.capability(device))
     default = (tuple(default[k] for k in ("BLOCK_N", "BLOCK_K", "num_stages", "num_warps")), mm.SPLIT_K_PROGRAMS_PER_SM)
-    tiles, per_sms = (MATMUL_TILES[:1], (1, 4)) if run.dry else (MATMUL_TILES, MATMUL_PER_SM)  # dry: a quick test
+    tiles, per_sms = (MATMUL_TILES[-3:-2], (1, 4)) if run.dry else (MATMUL_TILES, MATMUL_PER_SM)  # dry: one small tile
     candidates = [default] + [(t, p) for t in tiles for p in per_sms if (t, p) != default
                               and (shared is None or mm.shared_bytes_estimate(16, t[0], t[1], t[2], 2) <= shared)]
     shapes = roofline.linear_shapes(spec)  # {name: (K, N, count per step)}

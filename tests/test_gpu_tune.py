@@ -30,6 +30,13 @@ def test_dry_run_writes_a_recording_with_the_best_tiles(tmp_path):
     assert len(record["step"]["before"]) == len(record["step"]["after"]) == len(gpu_tune.DRY_STEP_POINTS)
 
 
+def test_parts_outside_the_three_are_refused_in_one_line(tmp_path, capsys):
+    assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "matmul,flash"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu_tune: error: --parts") and "matmul, attention, step" in err and "\n" not in err
+    assert not list(tmp_path.iterdir())
+
+
 RECORDING = ROOT / "data" / "recordings" / "gpu-tune-h200-20261204-1541.json"
 
 
