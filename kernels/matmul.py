@@ -47,21 +47,26 @@ GROUP_M = 8
 
 # The decode-shaped (split-K) path, M <= SPLIT_K_MAX_M: BLOCK_M rows is M rounded up to 16, 32
 # or 64 (tl.dot's smallest is 16); one tile per element size, no autotuning.
-# The 16-bit tile and the programs per SM were timed on an H200 (scripts/gpu_tune.py; recording
-# data/recordings/gpu-tune-h200-20261204-1541.json): over the 8B's products at M = 1 and 16, 128-key
-# steps with 4 programs per SM took 0.44 of the time of (64, 64, 3, 4) at 1 per SM: the weights
-# stream at 1.3-2.7 TB/s where they did at 0.5-2.8 (torch's GEMV: 2.0-4.3 on the same shapes).
+# The 16-bit tile and the programs per SM were timed on an H200 (scripts/gpu_tune.py), twice:
+#  * data/recordings/gpu-tune-h200-20261204-1541.json, when the kernel still loaded b two bytes at
+#    a time: 128-key steps at 4 programs per SM took 0.44 of the time of (64, 64, 3, 4) at 1 per SM;
+#  * data/recordings/gpu-tune-h200-20261204-1742.json, with 16-byte copies in a pipeline (EVEN_K):
+#    the same tile streams the 8B's weights at 2.2-4.4 TB/s (torch's GEMV: 2.1-4.2 on the same
+#    shapes), and at 1 program per SM it is within 1 % of the fastest tile at M = 1 and 16 and
+#    the fastest of those timed at M = 64 (0.84 of its time at 4 per SM): fewer K slices, fewer sums.
 SPLIT_K_MAX_M = 64
 # The fp32 tile is untimed: 8 warps, since with loads unmasked along K (EVEN_K) 4 warps spilled
 # 16 bytes on sm_80 at M = 64 (make gpu-compile); with 8 no target spills.
 SPLIT_K_TILE = {2: (64, 128, 3, 4), 4: (64, 16, 3, 8)}  # element bytes -> (BLOCK_N, BLOCK_K, stages, warps)
 SPLIT_K_TILE_SM75 = (32, 32, 2, 4)  # 16-bit on Turing (see TILES_16BIT_SM75)
-SPLIT_K_TILE_AMPERE = (64, 64, 3, 4)  # 16-bit on Ampere and Ada: the tile above spills 44-52 bytes there
+# 16-bit on Ampere and Ada, untimed there: the tile above spilled 44-52 bytes on them before EVEN_K
+# (now only its masked path does, for a K that is not a multiple of 128).
+SPLIT_K_TILE_AMPERE = (64, 64, 3, 4)
 INTERPRETER_SPLIT_K_TILE = (32, 32, 1, 4)
-# Programs the split aims for, per SM on a GPU: enough column tiles x K slices in flight to keep
-# HBM busy (at 1 per SM the 8B's products read their weights at 0.9 TB/s in an H200's decode
-# step). 1 in the interpreter, whose stand-in SM count is already small.
-SPLIT_K_PROGRAMS_PER_SM = 4
+# Programs the split aims for, per SM on a GPU: column tiles x K slices. With the loads pipelined,
+# one per SM keeps HBM busy (the second recording above); 1 in the interpreter too, whose stand-in
+# SM count is already small.
+SPLIT_K_PROGRAMS_PER_SM = 1
 REDUCE_BLOCK = 1024  # elements of c per program of the split-K sum
 
 # Autotune keys: M rounded up to a power of two between these, so a new prompt length or batch

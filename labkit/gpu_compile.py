@@ -323,6 +323,7 @@ def variants_for(targets, kernels) -> list[Variant]:
 # scripts/gpu_tune.py timed fastest on an H200 (data/recordings/gpu-tune-h200-20261204-1541.json,
 # compiled there by triton 3.6), where triton 3.9's ptxas reports 32 and 20 bytes of spill. The
 # nearest tiles that do not spill took 3 % (split-K at M = 1 and 16; 28 % at M = 64) and 8 % (fp8) longer.
+# Since EVEN_K the split-K tile spills only on its masked path (a K that is not a multiple of 128).
 TIMED_SPILLS = {("_matmul_split_k_kernel", (("BLOCK_N", 64), ("BLOCK_K", 128), ("num_warps", 4))): 32,
                 ("_decode_split_kernel", (("cache", "fp8"), ("BLOCK_N", 64), ("num_warps", 4))): 20}
 
