@@ -461,6 +461,29 @@ def test_cuda_bf16_model_matches_reference(cache_dtype):
         assert_close(logits[b], ref, tol, f"CUDA bf16 model, {cache_dtype} cache, row {b}")
 
 
+def norm_in_fp32(x, weight, eps):
+    """The formula rms_norm stands for, in fp32 throughout, cast once at the end."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")])])
+def test_rms_norm_in_bf16_is_the_fp32_formula_cast_once(device):
+    """On the CPU the formula itself (the same bits); on a GPU torch's fused rms_norm, which
+    accumulates in fp32 and casts once after the weight: within one bf16 rounding of it."""
+    from labkit.model import rms_norm
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(3, 4096, generator=g) * 3).to(torch.bfloat16).to(device)
+    weight = (1 + 0.1 * torch.randn(4096, generator=g)).to(torch.bfloat16).to(device)
+    got, want = rms_norm(x, weight, 1e-5), norm_in_fp32(x, weight, 1e-5)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    if device == "cpu":
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=2 ** -7)
+
+
 def test_cpu_fp8_upcast_is_exact_for_every_code():
     from labkit.ops import upcast
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)  # every fp8 e4m3 value
