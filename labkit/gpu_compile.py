@@ -160,7 +160,10 @@ def matmul_variants(dtypes, shared_limit: int | None, capability: tuple | None =
                             BLOCK_N=plan["BLOCK_N"], BLOCK_K=plan["BLOCK_K"], EVEN_K=even_k)
                 out.append(Variant("matmul", "_matmul_split_k_kernel", args, plan["num_warps"], plan["num_stages"],
                                    {"path": "split-k", "dtype": dt, "BLOCK_M": plan["BLOCK_M"], "BLOCK_N": plan["BLOCK_N"],
-                                    "BLOCK_K": plan["BLOCK_K"], "partial": partial, "even_k": even_k}))
+                                    "BLOCK_K": plan["BLOCK_K"], "partial": partial, "even_k": even_k},
+                                   # 16-bit weights, the decode path's: an fp32 a tile of 16 x 16
+                                   # is 1-2 values a thread, copied in 4 or 8 bytes
+                                   checks=("async16",) if even_k and ELEM_BYTES[dt] == 2 else ()))
         args = dict(partial_ptr=Pointer("fp32"), c_ptr=p, MN=64 * N, SPLIT_K=3, BLOCK=mm.REDUCE_BLOCK)
         out.append(Variant("matmul", "_split_k_sum_kernel", args, 4, 3, {"path": "split-k sum", "dtype": dt}))
     return out
@@ -294,7 +297,17 @@ def _compile(fn, variant: Variant) -> dict:
     result = {"shared_bytes": compiled.metadata.shared, **report, "compile_s": round(time.perf_counter() - start_s, 2)}
     if "wgmma" in variant.checks and capability_of(variant.target) >= 90:
         result["wgmma"] = "wgmma.mma_async" in compiled.asm["ptx"]
+    if "async16" in variant.checks and capability_of(variant.target) >= 80:  # cp.async came with sm_80
+        result["async16"] = async16(compiled.asm["ptx"])
     return result
+
+
+def async16(ptx: str) -> bool:
+    """Whether a kernel's global loads are all 16-byte asynchronous copies (`cp.async.cg`, which
+    moves only 16 bytes): none plain (`ld.global`), none of 4 or 8 bytes (`cp.async.ca`). The
+    decode-shaped matmul's weights stream at HBM speed only so; when Triton could not prove them
+    aligned it loaded them two bytes at a time (`ld.global.b16`), at half the speed on an H200."""
+    return "cp.async.cg.shared.global" in ptx and not re.search(r"\bld\.global\b|\bcp\.async\.ca\.", ptx)
 
 
 def ptxas_report(log: str) -> dict:
@@ -349,6 +362,8 @@ def findings(variant: Variant) -> list[str]:
         wrong.append(f"spills {r['spill_bytes']} bytes of registers")
     if r.get("wgmma") is False:
         wrong.append("no wgmma on sm_90a")
+    if r.get("async16") is False:
+        wrong.append("global loads not all 16-byte asynchronous copies")
     return wrong
 
 
@@ -360,8 +375,9 @@ def line(variant: Variant) -> dict:
            "config": {**variant.config, "num_warps": variant.num_warps, "num_stages": variant.num_stages},
            "target": variant.target, "shared_bytes": r.get("shared_bytes"), "spill_bytes": r.get("spill_bytes"),
            "registers": r.get("registers")}
-    if "wgmma" in r:
-        out["wgmma"] = r["wgmma"]
+    for check in ("wgmma", "async16"):
+        if check in r:
+            out[check] = r[check]
     wrong = findings(variant)
     out["ok"] = not wrong
     if wrong:

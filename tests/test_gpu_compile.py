@@ -72,6 +72,9 @@ def test_every_kernel_and_path_is_in_the_check():
                      ("kv_quant", "_quantize_kv_kernel")}
     bf16 = [v for v in variants if v.fn_name == "_matmul_kernel" and v.config["dtype"] == "bf16"]
     assert len(bf16) == len(MM.TILES_16BIT) and all("wgmma" in v.checks for v in bf16)
+    split = [v for v in variants if v.fn_name == "_matmul_split_k_kernel"]
+    assert all(("async16" in v.checks) == (v.config["even_k"] and v.config["dtype"] != "fp32") for v in split)
+    assert any("async16" in v.checks for v in split)
     assert {v.config["D"] for v in variants if v.kernel == "flash_attention"} == set(gc.HEAD_DIMS)
 
 
@@ -80,10 +83,20 @@ def test_findings_name_each_problem():
     v.results = {"shared_bytes": 70000, "spill_bytes": 8, "registers": 255, "wgmma": False}
     assert gc.findings(v) == ["70,000 bytes of shared memory > 65,536", "spills 8 bytes of registers",
                               "no wgmma on sm_90a"]
+    v.results = {"shared_bytes": 1024, "spill_bytes": 0, "registers": 40, "async16": False}
+    assert gc.findings(v) == ["global loads not all 16-byte asynchronous copies"] and gc.line(v)["async16"] is False
     v.results = {"error": "PTXASError: boom"}
     assert gc.findings(v) == ["does not compile: PTXASError: boom"]
     v.results = {"shared_bytes": 1024, "spill_bytes": 0, "registers": 40}
     assert gc.findings(v) == [] and gc.line(v)["ok"] is True
+
+
+def test_async16_tells_16_byte_copies_from_narrower_loads():
+    copy16 = "cp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x10, %r2;\n"
+    assert gc.async16(copy16 * 4)
+    assert not gc.async16(copy16 + "ld.global.b16 { %rs1 }, [ %rd2 + 0 ];\n")  # the split-K kernel before EVEN_K
+    assert not gc.async16(copy16 + "cp.async.ca.shared.global [ %r3 + 0 ], [ %rd3 + 0 ], 0x8, %r4;\n")
+    assert not gc.async16("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32\n")  # no copies at all
 
 
 def test_the_ptxas_report_is_read():
