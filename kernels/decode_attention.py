@@ -204,7 +204,10 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
         narrow = head_dim <= 16 or (capability is not None and tuple(capability) < (8, 0))
         warps = 8 if (kv_quant or dot_fp32) and head_dim > 16 else 4
         hopper = capability is None or tuple(capability) >= (9, 0)
-        tuned = QUANT_SPLIT_TILES.get(cache_dtype, ()) if hopper and 16 < head_dim <= 128 else ()
+        # The tuner timed them under a bf16 q (the GPU's compute dtype); under fp16 the int8 tile
+        # spills 8 bytes with triton 3.6 (make gpu-compile TRITON=3.6): fp16 keeps the tiles below.
+        tuned = (QUANT_SPLIT_TILES.get(cache_dtype, ()) if hopper and 16 < head_dim <= 128 and q_dtype == "bf16"
+                 else ())
         tiles = [t for t in tuned + tuple((*t, warps) for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES))
                  if (shared_limit is None or split_shared_bytes(t[0], t[1], head_dim, _BYTES[cache_dtype],
                                                                 dot_bytes) <= shared_limit)
