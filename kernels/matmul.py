@@ -51,8 +51,8 @@ GROUP_M = 8
 #  * data/recordings/gpu-tune-h200-20261204-1541.json, when the kernel still loaded b two bytes at
 #    a time: 128-key steps at 4 programs per SM took 0.44 of the time of (64, 64, 3, 4) at 1 per SM;
 #  * data/recordings/gpu-tune-h200-20261204-1742.json, with 16-byte copies in a pipeline (EVEN_K):
-#    the same tile streams the 8B's weights at 2.2-4.4 TB/s (torch's GEMV: 2.1-4.2 on the same
-#    shapes), and at 1 program per SM it is within 1 % of the fastest tile at M = 1 and 16 and
+#    at 1 program per SM the same tile streams the 8B's weights at 2.0-4.4 TB/s at M = 1 and 16,
+#    0.84-1.05 of torch's GEMV on the same shapes (2.1-4.2), is within 1 % of the fastest tile there and
 #    the fastest of those timed at M = 64 (0.84 of its time at 4 per SM): fewer K slices, fewer sums.
 SPLIT_K_MAX_M = 64
 # The fp32 tile is untimed: with loads unmasked along K (EVEN_K), (64, 16, 3, 4) spilled 16 bytes
