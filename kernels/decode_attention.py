@@ -233,6 +233,13 @@ def _block_n(device: torch.device) -> int:
     return SPLIT_TILES[0][0] if device.type == "cuda" else INTERPRETER_SPLIT_TILE[0]
 
 
+def split_programs_per_sm(cache_dtype: str | None, device) -> int:
+    """The split programs per SM default_num_splits aims for over a cache of `cache_dtype` (lab
+    name): the tuned value for it on CUDA, else SPLITS_PROGRAMS_PER_SM."""
+    by_cache = SPLITS_PROGRAMS_PER_SM_BY_CACHE if torch.device(device).type == "cuda" else {}
+    return by_cache.get(cache_dtype, SPLITS_PROGRAMS_PER_SM)
+
+
 def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device, cache_dtype: str | None = None,
                        programs_per_sm: int | None = None) -> int:
     """Splits so that batch * num_kv_heads * splits is about programs_per_sm x the SM count on
@@ -244,8 +251,7 @@ def default_num_splits(batch: int, num_kv_heads: int, s_max: int, device, cache_
     """
     device = torch.device(device)
     if programs_per_sm is None:
-        by_cache = SPLITS_PROGRAMS_PER_SM_BY_CACHE if device.type == "cuda" else {}
-        programs_per_sm = by_cache.get(cache_dtype, SPLITS_PROGRAMS_PER_SM)
+        programs_per_sm = split_programs_per_sm(cache_dtype, device)
     target = programs_per_sm * sm_count(device)  # 264 on an H100 at 2 a SM; 8 in the interpreter
     splits = triton.cdiv(target, max(1, batch * num_kv_heads))
     max_useful = triton.cdiv(s_max, 4 * _block_n(device))

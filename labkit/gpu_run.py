@@ -210,12 +210,13 @@ def autotune_estimate(sizes: Sizes, budget_s: float = 420.0, model: str | None =
     from kernels.matmul import SPLIT_K_MAX_M, m_bucket, tiles_for  # after the interpreter choice
     from .specs import get_model  # the model whose linears the run multiplies
     spec = get_model(model or sizes.model)
-    d = spec.hidden_size
-    linears = [(K, N) for name, (K, N, _) in roofline.linear_shapes(spec).items() if name != "head"]
+    shapes = roofline.linear_shapes(spec)
+    linears = [(K, N) for name, (K, N, _) in shapes.items() if name != "head"]
+    head_k, head_n, _ = shapes["head"]
     rows = {M for M, _, _ in sizes.matmuls} | set(sizes.prompts) | set(_batches(sizes))
     mm_keys = {(m_bucket(M), K, N) for M, K, N in sizes.matmuls if M > SPLIT_K_MAX_M}
     mm_keys |= {(m_bucket(M), K, N) for M in rows if M > SPLIT_K_MAX_M for K, N in linears}
-    mm_keys |= {(m_bucket(B), d, spec.vocab_size) for B in _batches(sizes) if B > SPLIT_K_MAX_M}  # the output head
+    mm_keys |= {(m_bucket(B), head_k, head_n) for B in _batches(sizes) if B > SPLIT_K_MAX_M}  # the output head
     D = sizes.heads[2]
     lengths = set(sizes.flash_checks) | {(P, P) for P in (*sizes.flash_timings, *sizes.prompts)}
     flash_keys = {(bucket(P), bucket(S)) for P, S in lengths}

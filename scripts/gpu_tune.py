@@ -206,20 +206,24 @@ def tune_attention(run, deadline: float, _result) -> dict:
 
     da = importlib.import_module("kernels.decode_attention")  # may be the function
     from kernels.tolerances import decode_attention_tolerance
+    from labkit.dtypes import torch_dtype
     from labkit.gpu_run import quantized_cache, randn
+    from labkit.roofline import INT8_SCALE_BYTES
     spec = model_spec(run)
     H, Hkv, D = spec.n_heads, spec.n_kv_heads, spec.head_dim
     shapes = ((1, 64), (2, 128)) if run.dry else ((1, 32768), (1, 131072), (16, 8192))
     shared = da.shared_bytes_per_block(torch.device(run.device)) if run.device == "cuda" else None
     caches = (run.dtype, "int8") if run.dry else ("bf16", "fp8", "int8")
     original = (da.split_constexprs, da.default_num_splits)
-    out = {"timings": [], "skipped": [], "best": {}, "default_per_sm": da.SPLITS_PROGRAMS_PER_SM}
+    out = {"timings": [], "skipped": [], "best": {},
+           "default_per_sm": {c: da.split_programs_per_sm(c, run.device) for c in caches}}
     start = time.perf_counter()
     for i, cache_dtype in enumerate(caches):
         until = start + (i + 1) * (deadline - start) / len(caches)
-        cbytes = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}[cache_dtype]
+        cbytes = torch_dtype(cache_dtype).itemsize
         plan = original[0](run.dtype, cache_dtype, D, H // Hkv, shared, capability=da.capability(torch.device(run.device)))
-        default = ((plan["constexprs"]["BLOCK_N"], plan["num_stages"], plan["num_warps"]), da.SPLITS_PROGRAMS_PER_SM)
+        default = ((plan["constexprs"]["BLOCK_N"], plan["num_stages"], plan["num_warps"]),
+                   da.split_programs_per_sm(cache_dtype, run.device))
         tiles, per_sms = (ATTENTION_TILES[:1], (2,)) if run.dry else (ATTENTION_TILES, ATTENTION_PER_SM)
         cands = [default] + [(t, p) for t in tiles for p in per_sms if (t, p) != default
                              and (shared is None or da.split_shared_bytes(t[0], t[1], D, cbytes, 2) <= shared)]
@@ -230,7 +234,7 @@ def tune_attention(run, deadline: float, _result) -> dict:
                                            cache_dtype)
             lengths = torch.full((B,), S, dtype=torch.int32, device=run.device)
             ref = da.decode_attention_reference(q, k, v, lengths, ks, vs).float()
-            nbytes = 2 * B * Hkv * S * D * cbytes + (2 * B * Hkv * S * 4 if cache_dtype == "int8" else 0)
+            nbytes = 2 * B * Hkv * S * (D * cbytes + (INT8_SCALE_BYTES if cache_dtype == "int8" else 0))
             inputs.append((B, S, (q, k, v, lengths, ks, vs), ref, nbytes))
         atol, rtol = decode_attention_tolerance(run.dtype, cache_dtype)
         times = {}
@@ -319,7 +323,7 @@ def time_steps(run, deadline: float, result: dict) -> dict:
 
     def splits_for(k_dtype):
         best = at_best.get(k_dtype)
-        return best["per_sm"] if best else da.SPLITS_PROGRAMS_PER_SM
+        return best["per_sm"] if best else da.split_programs_per_sm(k_dtype, run.device)
 
     decode_attention = da.decode_attention
 

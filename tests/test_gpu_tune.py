@@ -64,8 +64,7 @@ def test_the_kernels_decode_tiles_are_the_recorded_winners_on_hopper():
     for cache_dtype, chosen in record["attention"]["best"].items():
         c = da.split_constexprs("bf16", cache_dtype, 128, 4, 232448, capability=(9, 0))
         assert [c["constexprs"]["BLOCK_N"], c["num_stages"], c["num_warps"]] == chosen["tile"], cache_dtype
-        per_sm = da.SPLITS_PROGRAMS_PER_SM_BY_CACHE.get(cache_dtype, da.SPLITS_PROGRAMS_PER_SM)
-        assert per_sm == chosen["per_sm"], cache_dtype
+        assert da.split_programs_per_sm(cache_dtype, "cuda") == chosen["per_sm"], cache_dtype
     for cache_dtype in ("int8", "fp8"):
         assert da.split_constexprs("bf16", cache_dtype, 256, 4, 232448, capability=(9, 0))["num_warps"] == 8
         # timed under a bf16 q: an fp16 q keeps the untuned tiles (the int8 one spills under triton 3.6)
