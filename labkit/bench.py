@@ -236,6 +236,9 @@ def targets(points: list[dict], gains: dict, compute_bound_batch: float | None) 
         "prefill": at_least(f"prefill at P >= 1,024 at >= {PREFILL_TARGET} of the calibrated matmul peak",
                             {f"P={p['prompt_tokens']}": p["roof_fraction"] for p in prefill}, PREFILL_TARGET),
     }
+    ceilings = {f"B={p['batch']}": in_turn_ceiling(p) for p in in_range if in_turn_ceiling(p) is not None}
+    if ceilings:
+        result["decode_batches"]["in_turn_ceilings"] = ceilings
     gain = gains.get("tokens_per_s_b16_over_b1")
     if gain:
         shares = {k: gain["measured"] / gain[k] for k in ("predicted", "predicted_bracketed") if k in gain}
@@ -249,6 +252,20 @@ def targets(points: list[dict], gains: dict, compute_bound_batch: float | None) 
                                           "predicted ratio", "off_predicted": off,
                                   "met": all(abs(o.get("predicted", 1)) <= RATIO_TOLERANCE for o in off.values())}
     return result
+
+
+def in_turn_ceiling(point: dict) -> float | None:
+    """The highest fraction of its whole-step roof a decode step whose kernels run one after
+    another can reach on its moment's roofs (`sweeps.bracketed`): its whole-step roof time over
+    the roof time of its kernels in turn, each at its own roof. 1 where every kernel has the
+    step's bound; below 1 near the ridge, where the products turn compute-bound while attention
+    still waits on memory, and the two times add where the whole-step roof lets one hide under the
+    other. Seen: lab-cpu at B = 32, S = 1,024, products 4.60 ms at peak, attention 4.14 ms and the
+    rest 0.10 ms at bandwidth, 8.84 ms in turn against 6.07 ms for the whole step: in turn at
+    most 0.69 (2-core EPYC VM, `python -m labkit breakdown decode --batch 32 --context 1024`).
+    None without both times."""
+    whole, in_turn = point.get("bracketed_predicted_time_s"), point.get("bracketed_in_turn_predicted_time_s")
+    return whole / in_turn if whole and in_turn else None
 
 
 def _ratio(top: dict, bottom: dict, measured: str, of_time) -> dict:

@@ -318,7 +318,9 @@ def _target_figures(target: dict) -> str:
     """A `bench.targets` entry's figures in one line: fractions, shares of the prediction (on the
     calibration, and on the brackets), or how far off the prediction each ratio is."""
     if "fractions" in target:
-        return ", ".join(f"{k} {v:.2f}" for k, v in target["fractions"].items()) or "no point measured"
+        ceilings = target.get("in_turn_ceilings", {})
+        return ", ".join(f"{k} {v:.2f}" + (f" (in turn at most {ceilings[k]:.2f})" if ceilings.get(k, 1) < 0.995 else "")
+                         for k, v in target["fractions"].items()) or "no point measured"
     if "of_predicted" in target:
         return ", ".join(f"{v:.2f} on the {'calibration' if k == 'predicted' else 'brackets'}"
                          for k, v in target["of_predicted"].items())

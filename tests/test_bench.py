@@ -244,3 +244,18 @@ def test_targets_set_each_figure_beside_the_issues_target():
     assert got["cache_ratios"]["met"] is True  # +18 %
     gains["step_int8_over_fp32"]["measured"] = 0.52  # +33 %: out
     assert bench.targets(points, gains, None)["cache_ratios"]["met"] is False
+
+
+def test_the_decode_target_names_the_most_a_step_in_turn_can_reach_where_it_is_under_one():
+    """Near the ridge the products are compute-bound and attention memory-bound: in turn their
+    times add where the whole-step roof hides one under the other. The report gives that ceiling
+    (whole-step roof time over in-turn roof time) beside the fraction, and only where it bites."""
+    def point(batch, whole_s, in_turn_s):
+        return {"table": "decode_batch", "batch": batch, "time_s": 10e-3, "bracketed_roof_fraction": whole_s / 10e-3,
+                "bracketed_predicted_time_s": whole_s, "bracketed_in_turn_predicted_time_s": in_turn_s}
+    points = [point(1, 7.5e-3, 7.5e-3), point(32, 6.07e-3, 8.84e-3)]
+    got = bench.targets(points, {}, compute_bound_batch=None)["decode_batches"]
+    assert got["in_turn_ceilings"] == {"B=1": 1.0, "B=32": pytest.approx(6.07 / 8.84)}
+    assert bench.in_turn_ceiling({"bracketed_predicted_time_s": 1.0}) is None  # a prefill point: none
+    line = cli._target_figures(got)
+    assert line == "B=1 0.75, B=32 0.61 (in turn at most 0.69)"
