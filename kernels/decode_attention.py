@@ -53,6 +53,7 @@ def _decode_split_kernel(
     stride_sb, stride_sh, stride_ss,  # element strides of the int8 scales (k and v alike)
     NUM_SPLITS,  # slices of the context, one per program along axis 1
     KV_QUANT: tl.constexpr,  # 0 none, 1 per-token (int8), 2 per-tensor (fp8)
+    SCALE_V: tl.constexpr,  # 1-byte caches: V scaled in its tile before the dot (see QUANT_SPLIT_TILES)
     DOT_FP32: tl.constexpr,  # True: dots in fp32 (fp32 q, or q and cache dtypes differ)
     INPUT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 dots, else the default "tf32"
     HEAD_DIM: tl.constexpr,  # D
@@ -103,13 +104,21 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + keys[:, None] * stride_vs, mask=k_mask[:, None], other=0.0)  # [N, D]
-        if KV_QUANT == 1:
-            vs = tl.load(v_scale_ptr + s_base + keys * stride_ss, mask=k_mask, other=0.0)
-            p = p * vs[None, :]  # sum_n p_n (v_n * s_n) == sum_n (p_n * s_n) v_n
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=INPUT_PRECISION)  # [BLOCK_H, D]
+        if SCALE_V:  # V dequantised in its tile: v * scale in fp32, rounded once to q's dtype
+            if KV_QUANT == 1:
+                vs = tl.load(v_scale_ptr + s_base + keys * stride_ss, mask=k_mask, other=0.0)  # [N]
+                vq = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
+            else:
+                vq = (v.to(tl.float32) * tl.load(v_scale_ptr)).to(q.dtype)
+            pv = tl.dot(p.to(q.dtype), vq, input_precision=INPUT_PRECISION)  # [BLOCK_H, D]
+        else:
+            if KV_QUANT == 1:
+                vs = tl.load(v_scale_ptr + s_base + keys * stride_ss, mask=k_mask, other=0.0)
+                p = p * vs[None, :]  # sum_n p_n (v_n * s_n) == sum_n (p_n * s_n) v_n
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=INPUT_PRECISION)  # [BLOCK_H, D]
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    if KV_QUANT == 2:
+    if KV_QUANT == 2 and not SCALE_V:
         acc = acc * tl.load(v_scale_ptr)  # per-tensor V scale applies once, at the end
 
     row = (b * Hkv * GROUP + heads) * NUM_SPLITS + split  # index into [B, H, NUM_SPLITS]
@@ -160,6 +169,16 @@ SPLIT_TILES_FP32_DOT = ((32, 2), (16, 2))
 # holds half the bytes. int8 read 2.0-2.8 TB/s in 128-key tiles at 4 warps; fp8 1.9-2.4 in 64-key
 # tiles at 4 warps with 8 split programs per SM (below).
 QUANT_SPLIT_TILES = {"int8": ((128, 3, 4),), "fp8": ((64, 3, 4),)}
+# A tile's optional fourth entry, SCALE_V (False where absent), for a 1-byte cache: True widens the V
+# tile to fp32, scales it and rounds it to q's dtype before the dot (int8: instead of scaling the
+# probabilities; fp8: instead of the output, once). Why it is a candidate: V is the dot's second
+# operand with its contiguous dim (D) not the one the dot sums over (keys), and for 8-bit values
+# the sm_90a code without it reads that operand from shared memory a byte at a time (ld.shared.b8:
+# 128 a thread for each 128-key int8 tile, 64 for a 64-key fp8 tile) after copying it in 8-byte
+# cp.async; with it, in 8- and 16-byte loads, and an fp8 tile arrives by 16-byte copies, without the
+# 20 bytes of spill (triton 3.9's ptxas, make gpu-compile). Not timed on a GPU yet: scripts/gpu_tune.py
+# times both (on the H200 1-byte caches read 1.7-2.8 TB/s where bf16 read 3.5-4.2,
+# data/recordings/gpu-tune-h200-20261204-1541.json).
 # Split programs per SM (before the caps in default_num_splits), by cache dtype, else the default.
 SPLITS_PROGRAMS_PER_SM = 2
 SPLITS_PROGRAMS_PER_SM_BY_CACHE = {"fp8": 8}
@@ -189,8 +208,8 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
                      tile: tuple | None = None) -> dict | None:
     """The split kernel's constexprs, warps and stages for these dtypes (lab names), or None when
     compiled kernels do not take the pair (`compiled_refusal`) or no tile fits `shared_limit`
-    bytes (None: no limit). Tiles are (BLOCK_N, stages, warps); `tile` replaces the table's
-    choice: scripts/gpu_tune.py times candidates through it."""
+    bytes (None: no limit). Tiles are (BLOCK_N, stages, warps[, SCALE_V]); `tile` replaces the
+    table's choice: scripts/gpu_tune.py times candidates through it."""
     kv_quant = {"int8": KV_QUANT_PER_TOKEN, "fp8": KV_QUANT_PER_TENSOR}.get(cache_dtype, KV_QUANT_NONE)
     # Dot in q's dtype when the cache converts exactly (same dtype, int8, fp8); else in fp32.
     dot_fp32 = q_dtype == "fp32" or not (cache_dtype == q_dtype or kv_quant)
@@ -216,8 +235,9 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
         tiles = [tile]
     if not tiles:
         return None
-    block_n, stages, warps = tiles[0]
-    return {"constexprs": {"KV_QUANT": kv_quant, "DOT_FP32": dot_fp32,
+    block_n, stages, warps, *scale_v = tiles[0]
+    return {"constexprs": {"KV_QUANT": kv_quant, "SCALE_V": bool(scale_v and scale_v[0] and kv_quant),
+                           "DOT_FP32": dot_fp32,
                            "INPUT_PRECISION": "ieee" if dot_fp32 else "tf32", "HEAD_DIM": head_dim,
                            "BLOCK_H": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n},
             "num_warps": warps, "num_stages": stages}

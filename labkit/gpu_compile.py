@@ -192,9 +192,15 @@ def flash_variants(dtypes, shared_limit: int | None, capability: tuple | None = 
     return out
 
 
+# The SCALE_V candidate compiled beside a 1-byte cache's tuned tile on Hopper: 64-key tiles, as
+# int8's 128-key one spilled 16 bytes with it under triton 3.6 (the GPU image's; none under 3.9).
+SCALE_V_TILE = (64, 3, 4, True)
+
+
 def decode_variants(dtypes, shared_limit: int | None, capability: tuple | None = None) -> list[Variant]:
     """Every (q dtype, cache dtype, head dim) the wrapper accepts on this GPU, with the tile it
-    picks there; the combine kernel at each of its split blocks."""
+    picks there, and on Hopper for a 1-byte cache under a bf16 q SCALE_V_TILE too (the candidate
+    scripts/gpu_tune.py times beside it); the combine kernel at each of its split blocks."""
     da = kernel_module("decode_attention")
     out = []
     for q_dt in (d for d in ("fp16", "bf16", "fp32") if d in dtypes):
@@ -203,20 +209,12 @@ def decode_variants(dtypes, shared_limit: int | None, capability: tuple | None =
                 c = da.split_constexprs(q_dt, c_dt, D, group=4, shared_limit=shared_limit, capability=capability)
                 if c is None:  # the wrapper refuses this combination on this GPU
                     continue
-                S = 8192
-                scale = Pointer("fp32")
-                args = dict(q_ptr=Pointer(TRITON_DTYPE[q_dt]), k_ptr=Pointer(TRITON_DTYPE[c_dt]),
-                            v_ptr=Pointer(TRITON_DTYPE[c_dt]), k_scale_ptr=scale, v_scale_ptr=scale,
-                            lengths_ptr=Pointer("i32"), m_ptr=Pointer("fp32"), l_ptr=Pointer("fp32"),
-                            acc_ptr=Pointer("fp32"), qk_scale=0.1, Hkv=8, GROUP=4, NUM_SPLITS=8,
-                            stride_qb=32 * D, stride_qh=D, stride_qd=1,
-                            stride_kb=8 * S * D, stride_kh=S * D, stride_ks=D, stride_kd=1,
-                            stride_vb=8 * S * D, stride_vh=S * D, stride_vs=D, stride_vd=1,
-                            stride_sb=8 * S if c_dt == "int8" else 0, stride_sh=S if c_dt == "int8" else 0,
-                            stride_ss=1 if c_dt == "int8" else 0, **c["constexprs"])
-                out.append(Variant("decode_attention", "_decode_split_kernel", args, c["num_warps"], c["num_stages"],
-                                   {"q": q_dt, "cache": c_dt, "D": D, "BLOCK_N": c["constexprs"]["BLOCK_N"],
-                                    "stages": c["num_stages"]}))
+                plans = [c]
+                if (c_dt in da.QUANT_SPLIT_TILES and q_dt == "bf16" and 16 < D <= 128 and capability is not None
+                        and tuple(capability) >= (9, 0) and not c["constexprs"]["SCALE_V"]):
+                    plans.append(da.split_constexprs(q_dt, c_dt, D, group=4, shared_limit=shared_limit,
+                                                     capability=capability, tile=SCALE_V_TILE))
+                out += [_decode_split_variant(q_dt, c_dt, D, plan) for plan in plans]
         for D in HEAD_DIMS:
             for block_s in sorted(set(da.COMBINE_BLOCKS)):
                 args = dict(m_ptr=Pointer("fp32"), l_ptr=Pointer("fp32"), acc_ptr=Pointer("fp32"),
@@ -224,6 +222,25 @@ def decode_variants(dtypes, shared_limit: int | None, capability: tuple | None =
                 out.append(Variant("decode_attention", "_decode_combine_kernel", args, 4, 3,
                                    {"combine": True, "q": q_dt, "D": D, "BLOCK_S": block_s}))
     return out
+
+
+def _decode_split_variant(q_dt: str, c_dt: str, D: int, plan: dict) -> Variant:
+    """The split kernel at the 8B's heads (8 KV heads, groups of 4) over an 8,192-key cache, with
+    `plan` (`split_constexprs`' output)."""
+    S, scale = 8192, Pointer("fp32")
+    args = dict(q_ptr=Pointer(TRITON_DTYPE[q_dt]), k_ptr=Pointer(TRITON_DTYPE[c_dt]),
+                v_ptr=Pointer(TRITON_DTYPE[c_dt]), k_scale_ptr=scale, v_scale_ptr=scale,
+                lengths_ptr=Pointer("i32"), m_ptr=Pointer("fp32"), l_ptr=Pointer("fp32"),
+                acc_ptr=Pointer("fp32"), qk_scale=0.1, Hkv=8, GROUP=4, NUM_SPLITS=8,
+                stride_qb=32 * D, stride_qh=D, stride_qd=1,
+                stride_kb=8 * S * D, stride_kh=S * D, stride_ks=D, stride_kd=1,
+                stride_vb=8 * S * D, stride_vh=S * D, stride_vs=D, stride_vd=1,
+                stride_sb=8 * S if c_dt == "int8" else 0, stride_sh=S if c_dt == "int8" else 0,
+                stride_ss=1 if c_dt == "int8" else 0, **plan["constexprs"])
+    config = {"q": q_dt, "cache": c_dt, "D": D, "BLOCK_N": plan["constexprs"]["BLOCK_N"], "stages": plan["num_stages"]}
+    if plan["constexprs"]["SCALE_V"]:
+        config["SCALE_V"] = True
+    return Variant("decode_attention", "_decode_split_kernel", args, plan["num_warps"], plan["num_stages"], config)
 
 
 def kv_quant_variants(dtypes, shared_limit: int | None, capability: tuple | None = None) -> list[Variant]:
@@ -338,7 +355,7 @@ def variants_for(targets, kernels) -> list[Variant]:
 # nearest tiles that do not spill took 3 % (split-K at M = 1 and 16; 28 % at M = 64) and 8 % (fp8) longer.
 # Since EVEN_K the split-K tile spills only on its masked path (a K that is not a multiple of 128).
 TIMED_SPILLS = {("_matmul_split_k_kernel", (("BLOCK_N", 64), ("BLOCK_K", 128), ("num_warps", 4))): 32,
-                ("_decode_split_kernel", (("cache", "fp8"), ("BLOCK_N", 64), ("num_warps", 4))): 20}
+                ("_decode_split_kernel", (("cache", "fp8"), ("BLOCK_N", 64), ("num_warps", 4), ("SCALE_V", None))): 20}
 
 
 def spill_allowed(variant: Variant) -> int:

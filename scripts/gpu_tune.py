@@ -15,7 +15,8 @@ What it does, each part within its share of --budget-s:
   1. every split-K candidate (tile x programs per SM) on the step's products (qkv, o, gate_up,
      down, LM head) at M = 1 and 16, each checked against torch; the best by the step's total
      (32 layers of each product, one head) is timed at M = 64 too;
-  2. every decode-attention candidate (tile x split programs per SM) over bf16, fp8 and int8
+  2. every decode-attention candidate (tile x split programs per SM; over a 1-byte cache each
+     tile also with V scaled in it, kernels.decode_attention's SCALE_V) over bf16, fp8 and int8
      caches at B = 1, S = 32k and 128k and B = 16, S = 8k, each checked against torch; the best
      per cache dtype by geometric mean of time;
   3. the decode step (labkit.sweeps.measure_decode, CUDA graph) at a few points with the
@@ -225,8 +226,13 @@ def tune_attention(run, deadline: float, _result) -> dict:
         default = ((plan["constexprs"]["BLOCK_N"], plan["num_stages"], plan["num_warps"]),
                    da.split_programs_per_sm(cache_dtype, run.device))
         tiles, per_sms = (ATTENTION_TILES[:1], (2,)) if run.dry else (ATTENTION_TILES, ATTENTION_PER_SM)
-        cands = [default] + [(t, p) for t in tiles for p in per_sms if (t, p) != default
-                             and (shared is None or da.split_shared_bytes(t[0], t[1], D, cbytes, 2) <= shared)]
+        if cbytes == 1:  # each tile also with V scaled in it (SCALE_V), the default's first
+            tiles = [(*t, scale_v) for t in tiles for scale_v in (False, True)]
+            cands = [default, ((*default[0][:3], True), default[1])]
+        else:
+            cands = [default]
+        cands += [(t, p) for t in tiles for p in per_sms if (t, p) not in cands and (t[:3], p) != default
+                  and (shared is None or da.split_shared_bytes(t[0], t[1], D, cbytes, 2) <= shared)]
         inputs = []
         for B, S in shapes:
             q = randn(run, (B, H, D), 6)

@@ -156,6 +156,28 @@ def test_offsets_that_can_pass_2_31_are_64_bit_in_the_compiled_ir():
         assert chains and all("i64" in chain for chain in chains), f"{kernel}: store offsets {chains}"
 
 
+def test_v_scaled_in_its_tile_reads_a_1_byte_cache_s_v_from_shared_memory_in_words_not_bytes():
+    """What decode_attention's comment on SCALE_V says of the sm_90a code, per 1-byte cache at the
+    8B's D = 128 under a bf16 q: the tuned tile reads V a byte at a time from shared memory
+    (ld.shared.b8), the SCALE_V candidate never does."""
+    code = (
+        "import json\n"
+        "out = {}\n"
+        "for v in gc.decode_variants(('bf16', 'fp8', 'int8'), 232448, (9, 0)):\n"
+        "    if v.fn_name == '_decode_split_kernel' and v.config['q'] == 'bf16' and v.config['D'] == 128 \\\n"
+        "            and v.config['cache'] in ('fp8', 'int8'):\n"
+        "        v.target = 'sm_90a'\n"
+        "        out[v.config['cache'] + (' SCALE_V' if v.config.get('SCALE_V') else '')] = \\\n"
+        "            gc.compiled_ir(v, 'ptx').count('ld.shared.b8')\n"
+        "print(json.dumps(out))\n")
+    done = run_in_compiler(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    bytewise = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(bytewise) == {"fp8", "fp8 SCALE_V", "int8", "int8 SCALE_V"}
+    assert bytewise["fp8"] > 0 and bytewise["int8"] > 0, bytewise
+    assert bytewise["fp8 SCALE_V"] == bytewise["int8 SCALE_V"] == 0, bytewise
+
+
 @pytest.mark.slow
 def test_the_check_compiles_a_kernel_and_prints_its_lines(tmp_path):
     """The command end to end on the smallest kernel: JSON lines with the promised keys, then the

@@ -27,6 +27,10 @@ def test_dry_run_writes_a_recording_with_the_best_tiles(tmp_path):
     assert all(e["correct"] for e in record["matmul"]["timings"])
     assert set(record["attention"]["best"]) == {"fp16", "int8"}
     assert all(e["correct"] for e in record["attention"]["timings"])
+    # a 1-byte cache's tiles are timed with V scaled in them too (SCALE_V), right after the default
+    int8 = [e for e in record["attention"]["timings"] if e["cache_dtype"] == "int8"]
+    tiles = list(dict.fromkeys(tuple(e["tile"]) for e in int8))  # in the order timed
+    assert len(tiles[0]) == 3 and tiles[1] == (*tiles[0], True)
     assert len(record["step"]["before"]) == len(record["step"]["after"]) == len(gpu_tune.DRY_STEP_POINTS)
 
 

@@ -51,6 +51,27 @@ def test_mixed_lengths_gqa(cache, group):
     check(case, f"{cache} cache, group={group}, lengths [1, 53, 30]")
 
 
+@pytest.mark.parametrize("cache", ["int8", "fp8"])
+def test_v_scaled_in_its_tile_gives_the_same_attention(monkeypatch, cache):
+    """SCALE_V (a tile's fourth entry, a candidate scripts/gpu_tune.py times): V widened, scaled
+    and rounded to q's dtype in its tile instead of scaling the probabilities (int8) or the output
+    (fp8); the same attention within the dtype's tolerance, over several tiles and splits."""
+    import kernels.decode_attention as da
+    tile = da.INTERPRETER_SPLIT_TILE if DEVICE != "cuda" else da.QUANT_SPLIT_TILES[cache][0][:3]
+    chosen = []
+    original = da.split_constexprs
+
+    def with_scale_v(*args, **kw):
+        plan = original(*args, **{**kw, "tile": (*tile, True)})
+        chosen.append(plan["constexprs"]["SCALE_V"])
+        return plan
+    monkeypatch.setattr(da, "split_constexprs", with_scale_v)
+    case = make_case(2, 8, 2, 70, 64, torch.float16, cache, [70, 33], seed=11)
+    check(case, f"{cache} cache, V scaled in its tile", num_splits=3)
+    assert chosen == [True]
+    assert original("fp16", "fp16", 64, 4, None, interpreted=True, tile=(16, 1, 4, True))["constexprs"]["SCALE_V"] is False
+
+
 @pytest.mark.parametrize("q_dtype,cache", [(torch.float32, "fp32"), (torch.float32, "int8"),
                                            (torch.float16, "fp32")])
 def test_fp32_paths(q_dtype, cache):
