@@ -223,7 +223,9 @@ class CpuDecode:
                                            2 * B * max_length * spec.n_kv_heads * spec.head_dim * K_all.itemsize)
         cos, sin = self._rope_rows(position)
         step = cpu_kernels.PANEL_TILE_ROWS[-1]
-        logits = cpu_step.run_step(tokens.numpy(), position, max_length, cos, sin, *views, panels, self.embed,
+        # contiguous (no copy where it is already): a strided view of tokens (a column of a [B, T]
+        # tensor) is another type to numba, and the whole step compiled again for it (~10 s)
+        logits = cpu_step.run_step(np.ascontiguousarray(tokens.numpy()), position, max_length, cos, sin, *views, panels, self.embed,
                                    self._norm_tuples[0], self._norm_tuples[1], self.norm, self._eps,
                                    (spec.n_heads, spec.n_kv_heads), np.float32(spec.head_dim ** -0.5),
                                    min(CORES, MAX_WORKERS), attention_parts, -(-B // step) * step)

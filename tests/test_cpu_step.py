@@ -128,6 +128,26 @@ def test_one_call_step_equals_the_call_by_call_step_bit_for_bit(cache_dtype, spe
         assert torch.equal(one.cache.v_scale, separate.cache.v_scale)
 
 
+def test_a_strided_tokens_view_reaches_the_one_call_step_contiguous(monkeypatch):
+    """A column of a [B, T] token tensor is a strided view; numba would take it as another type
+    and compile the whole step again for it (~10 s in the middle of a lesson). The step gets
+    C-contiguous tokens and the same logits as for a contiguous copy."""
+    with_panels(monkeypatch)
+    seen = []
+    real = cpu_step.run_step
+    monkeypatch.setattr(cpu_step, "run_step", lambda *args: (seen.append(args[0]), real(*args))[1])
+    batch = 3
+    models = [build(TINY, batch, "fp32") for _ in range(2)]
+    for model in models:
+        model.decode_path = cpu_decode.CpuDecode(model, linear="numba", attention="numba")
+        model.prefill(torch.randint(0, model.spec.vocab_size, (batch, 9), generator=torch.Generator().manual_seed(3)))
+    columns = torch.randint(0, TINY.vocab_size, (batch, 2), generator=torch.Generator().manual_seed(4))
+    assert not columns[:, 0].is_contiguous()
+    strided, contiguous = models[0].decode_step(columns[:, 0]), models[1].decode_step(columns[:, 0].contiguous())
+    assert len(seen) == 2 and all(tokens.flags.c_contiguous for tokens in seen)
+    assert torch.equal(strided, contiguous)
+
+
 @pytest.mark.parametrize("linear", ["numba", "onednn"])
 def test_the_step_forms_agree_with_any_fp8_scale(linear, monkeypatch):
     """fp8 with layer scales that are not powers of two (0.37, 2.5): the logits of the two forms
