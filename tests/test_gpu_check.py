@@ -122,12 +122,15 @@ def test_dry_run_prints_the_roof_before_each_measurement(dry_run):
 @pytest.mark.triton
 @pytest.mark.slow
 def test_a_second_run_adds_recordings_and_overwrites_none(dry_run):
+    """A second run into the same folder (its calibration only: names are stamped to the minute,
+    so within it the name is taken) writes beside the first's recordings, changing none."""
     out, _ = dry_run
     before = {p.name: p.read_bytes() for p in out.glob("*.json")}
-    done = gpu_check("--out", str(out), "--dry-run")
+    done = gpu_check("--out", str(out), "--dry-run", "--only", "calibration")
     assert done.returncode == 0, done.stderr[-3000:]
     after = {p.name: p.read_bytes() for p in out.glob("*.json")}
-    assert len(after) == 2 * len(before)
+    added = sorted(set(after) - set(before))
+    assert len(after) == len(before) + 1 and added[0].startswith("calibration-"), added
     assert all(after[name] == data for name, data in before.items())
 
 
