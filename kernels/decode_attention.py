@@ -174,11 +174,11 @@ QUANT_SPLIT_TILES = {"int8": ((128, 3, 4),), "fp8": ((64, 3, 4),)}
 # probabilities; fp8: instead of the output, once). Why it is a candidate: V is the dot's second
 # operand with its contiguous dim (D) not the one the dot sums over (keys), and for 8-bit values
 # the sm_90a code without it reads that operand from shared memory a byte at a time (ld.shared.b8:
-# 128 a thread for each 128-key int8 tile, 64 for a 64-key fp8 tile) after copying it in 8-byte
-# cp.async; with it, in 8- and 16-byte loads, and an fp8 tile arrives by 16-byte copies, without the
-# 20 bytes of spill (triton 3.9's ptxas, make gpu-compile). Not timed on a GPU yet: scripts/gpu_tune.py
-# times both (on the H200 1-byte caches read 1.7-2.8 TB/s where bf16 read 3.5-4.2,
-# data/recordings/gpu-tune-h200-20261204-1541.json).
+# 128 in the int8 kernel's code for a 128-key tile, 64 in fp8's for a 64-key one) after copying it
+# in with 8-byte cp.async; with it, in 8- and 16-byte loads, and an fp8 tile arrives by 16-byte
+# copies, without the 20 bytes of spill (triton 3.9's ptxas, make gpu-compile). Not timed on a GPU
+# yet: scripts/gpu_tune.py times both (on the H200 1-byte caches read 1.7-2.8 TB/s where bf16 read
+# 3.5-4.2, data/recordings/gpu-tune-h200-20261204-1541.json).
 # Split programs per SM (before the caps in default_num_splits), by cache dtype, else the default.
 SPLITS_PROGRAMS_PER_SM = 2
 SPLITS_PROGRAMS_PER_SM_BY_CACHE = {"fp8": 8}

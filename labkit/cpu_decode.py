@@ -225,8 +225,8 @@ class CpuDecode:
         step = cpu_kernels.PANEL_TILE_ROWS[-1]
         # contiguous (no copy where it is already): a strided view of tokens (a column of a [B, T]
         # tensor) is another type to numba, and the whole step compiled again for it (~10 s)
-        logits = cpu_step.run_step(np.ascontiguousarray(tokens.numpy()), position, max_length, cos, sin, *views, panels, self.embed,
-                                   self._norm_tuples[0], self._norm_tuples[1], self.norm, self._eps,
+        logits = cpu_step.run_step(np.ascontiguousarray(tokens.numpy()), position, max_length, cos, sin, *views,
+                                   panels, self.embed, self._norm_tuples[0], self._norm_tuples[1], self.norm, self._eps,
                                    (spec.n_heads, spec.n_kv_heads), np.float32(spec.head_dim ** -0.5),
                                    min(CORES, MAX_WORKERS), attention_parts, -(-B // step) * step)
         if logits.shape != (B, spec.vocab_size):  # padded rows or columns to drop
