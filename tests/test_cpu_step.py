@@ -130,7 +130,7 @@ def test_one_call_step_equals_the_call_by_call_step_bit_for_bit(cache_dtype, spe
 
 def test_a_strided_tokens_view_reaches_the_one_call_step_contiguous(monkeypatch):
     """A column of a [B, T] token tensor is a strided view; numba would take it as another type
-    and compile the whole step again for it (~10 s in the middle of a lesson). The step gets
+    and compile the whole step again for it (3.3 s for lab-tiny, in the middle of a lesson). The step gets
     C-contiguous tokens and the same logits as for a contiguous copy."""
     with_panels(monkeypatch)
     seen = []
