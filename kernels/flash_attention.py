@@ -44,7 +44,12 @@ from ._runtime import INTERPRETED, capability, check_runnable, shared_bytes_per_
 # spills: (128, 64, 3, 4) spilled at D = 128 on sm_90a (255 registers) and runs at 8 warps here;
 # Ampere/Ada keep small tiles at D >= 128 (the others spill 8-16 bytes on sm_80), Hopper small
 # rows at D = 256, Turing (no asynchronous copies: stages in registers) small tiles throughout.
-TILES = ((128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 32, 4, 4), (32, 32, 2, 4))
+# (128, 128, 2, 8) is the one 128-key tile that fits a Hopper's shared memory at D = 128 (160 KiB;
+# 3 stages need ~256), with no spill under triton 3.6 or 3.9: there for the autotuner to time
+# against the 64-key tiles, with which causal attention reached 319-374 TFLOP/s on an H200
+# (data/recordings/kernels-h200-20261204-1749.json); not yet timed on a GPU.
+TILES = ((128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 2, 8), (64, 64, 4, 4), (128, 32, 4, 4),
+         (32, 32, 2, 4))
 TILES_HOPPER_D256 = ((64, 32, 3, 4), (64, 32, 2, 4), (64, 64, 2, 8), (32, 32, 2, 4))
 TILES_AMPERE_WIDE = ((32, 32, 2, 4), (32, 16, 2, 4))  # sm_80 / sm_89 at D >= 128
 TILES_TURING = ((64, 32, 2, 4), (32, 32, 1, 4))  # sm_75 at D <= 64
