@@ -104,16 +104,17 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + keys[:, None] * stride_vs, mask=k_mask[:, None], other=0.0)  # [N, D]
+        if KV_QUANT == 1:
+            vs = tl.load(v_scale_ptr + s_base + keys * stride_ss, mask=k_mask, other=0.0)  # [N]
+        # Two dots written apart: one expression for both spilled 20 bytes on int8's tuned tile.
         if SCALE_V:  # V dequantised in its tile: v * scale in fp32, rounded once to q's dtype
             if KV_QUANT == 1:
-                vs = tl.load(v_scale_ptr + s_base + keys * stride_ss, mask=k_mask, other=0.0)  # [N]
                 vq = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
             else:
                 vq = (v.to(tl.float32) * tl.load(v_scale_ptr)).to(q.dtype)
             pv = tl.dot(p.to(q.dtype), vq, input_precision=INPUT_PRECISION)  # [BLOCK_H, D]
         else:
             if KV_QUANT == 1:
-                vs = tl.load(v_scale_ptr + s_base + keys * stride_ss, mask=k_mask, other=0.0)
                 p = p * vs[None, :]  # sum_n p_n (v_n * s_n) == sum_n (p_n * s_n) v_n
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=INPUT_PRECISION)  # [BLOCK_H, D]
         acc = acc * alpha[:, None] + pv
@@ -203,6 +204,15 @@ def compiled_refusal(q_dtype: str, cache_dtype: str) -> str | None:
     return None
 
 
+def tuned_tiles(q_dtype: str, cache_dtype: str, head_dim: int, capability: tuple | None = None) -> tuple:
+    """QUANT_SPLIT_TILES' tiles for this pair where they apply (a 1-byte cache on Hopper, None:
+    Hopper, at 16 < D <= 128 under a bf16 q), else (). The tuner timed them under a bf16 q (the
+    GPU's compute dtype); under fp16 the int8 tile spills 8 bytes with triton 3.6 (make
+    gpu-compile TRITON=3.6): fp16 keeps SPLIT_TILES."""
+    hopper = capability is None or tuple(capability) >= (9, 0)
+    return QUANT_SPLIT_TILES.get(cache_dtype, ()) if hopper and 16 < head_dim <= 128 and q_dtype == "bf16" else ()
+
+
 def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, shared_limit: int | None,
                      interpreted: bool = False, capability: tuple | None = None,
                      tile: tuple | None = None) -> dict | None:
@@ -222,12 +232,7 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
         # D = 16 (lab-tiny) and Turing (stages in registers) keep to 32-key tiles: wider ones spill.
         narrow = head_dim <= 16 or (capability is not None and tuple(capability) < (8, 0))
         warps = 8 if (kv_quant or dot_fp32) and head_dim > 16 else 4
-        hopper = capability is None or tuple(capability) >= (9, 0)
-        # The tuner timed them under a bf16 q (the GPU's compute dtype); under fp16 the int8 tile
-        # spills 8 bytes with triton 3.6 (make gpu-compile TRITON=3.6): fp16 keeps the tiles below.
-        tuned = (QUANT_SPLIT_TILES.get(cache_dtype, ()) if hopper and 16 < head_dim <= 128 and q_dtype == "bf16"
-                 else ())
-        tiles = [t for t in tuned + tuple((*t, warps) for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES))
+        tiles = [t for t in tuned_tiles(q_dtype, cache_dtype, head_dim, capability) + tuple((*t, warps) for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES))
                  if (shared_limit is None or split_shared_bytes(t[0], t[1], head_dim, _BYTES[cache_dtype],
                                                                 dot_bytes) <= shared_limit)
                  and not (narrow and t[0] > 32)]

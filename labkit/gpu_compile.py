@@ -210,8 +210,7 @@ def decode_variants(dtypes, shared_limit: int | None, capability: tuple | None =
                 if c is None:  # the wrapper refuses this combination on this GPU
                     continue
                 plans = [c]
-                if (c_dt in da.QUANT_SPLIT_TILES and q_dt == "bf16" and 16 < D <= 128 and capability is not None
-                        and tuple(capability) >= (9, 0) and not c["constexprs"]["SCALE_V"]):
+                if capability is not None and da.tuned_tiles(q_dt, c_dt, D, capability) and not c["constexprs"]["SCALE_V"]:
                     plans.append(da.split_constexprs(q_dt, c_dt, D, group=4, shared_limit=shared_limit,
                                                      capability=capability, tile=SCALE_V_TILE))
                 out += [_decode_split_variant(q_dt, c_dt, D, plan) for plan in plans]
