@@ -4,6 +4,8 @@
   flash_attention   prefill attention, online softmax, causal / chunked prefill, GQA
   decode_attention  one query per sequence over a (quantised) KV cache, split-KV
   kv_quant          int8 / fp8 KV-cache quantisation
+  add_rms_norm      a residual add and the RMSNorm after it, one pass
+  rope_store        decode's RoPE on q and k and its K/V cache write, one launch
 
 On a machine without CUDA, set TRITON_INTERPRET=1 before importing triton to run the kernels in
 Triton's interpreter (slow; for tests).
@@ -21,6 +23,8 @@ _HOMES = {
     "KV_CACHE_DTYPES": "kv_quant", "dequantize_kv": "kv_quant", "quantize_kv": "kv_quant",
     "quantize_kv_reference": "kv_quant",
     "matmul": "matmul", "matmul_reference": "matmul",
+    "add_rms_norm": "add_rms_norm", "add_rms_norm_reference": "add_rms_norm",
+    "rope_and_store": "rope_store", "rope_and_store_reference": "rope_store",
 }
 
 __all__ = sorted(_HOMES)
@@ -28,7 +32,7 @@ __all__ = sorted(_HOMES)
 
 def __getattr__(name):
     """A kernel's function or its reference, from its module, loaded now (triton with it). Three
-    functions share their module's name (matmul, flash_attention, decode_attention): once that
+    functions share their module's name (matmul, flash_attention, decode_attention, add_rms_norm): once that
     module has been imported, `kernels.matmul` is the module, so the lab imports each function
     from its module (`from kernels.matmul import matmul`)."""
     if name not in _HOMES:

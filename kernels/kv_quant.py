@@ -44,6 +44,24 @@ INT8_MAX = 127.0  # symmetric range [-127, 127]; -128 unused so that -q is alway
 
 
 if triton is not None:  # the kernel exists where Triton does; `quantize_kv_reference` everywhere
+    @triton.jit
+    def int8_codes(x, absmax):
+        """x (fp32, any shape) as int8 codes, held in fp32, for rows of absmax (broadcastable to
+        x): floor(x * 127 / absmax + 0.5) in [-127, 127]. Also used by kernels/rope_store.py."""
+        # An all-zero row gets scale 0 and quantises to 0 (instead of dividing by zero).
+        nonzero = absmax > 0
+        inv = tl.where(nonzero, 127.0 / tl.where(nonzero, absmax, 1.0), 0.0)  # 127 = INT8_MAX
+        # Round to nearest, ties up: floor(y + 0.5). The reference uses the same formula, so the
+        # two agree bit for bit (torch.round would round ties to even).
+        q = tl.floor(x * inv + 0.5)
+        return tl.minimum(tl.maximum(q, -127.0), 127.0)
+
+    @triton.jit
+    def fp8_codes(x, inv_scale):
+        """x (fp32) times 1/scale, saturated to e4m3's +-448 (it has no inf), as fp8 e4m3."""
+        y = x * inv_scale
+        return tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)  # FP8_MAX
+
     @triton.jit(do_not_specialize=["R"])  # one compiled variant for every row count
     def _quantize_kv_kernel(
         x_ptr,  # [R, D] input rows (fp16/bf16/fp32), row stride stride_xr, unit column stride
@@ -66,19 +84,12 @@ if triton is not None:  # the kernel exists where Triton does; `quantize_kv_refe
         x = x.to(tl.float32)
         if IS_INT8:
             absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_R]
-            # An all-zero row gets scale 0 and quantises to 0 (instead of dividing by zero).
-            nonzero = absmax > 0
-            inv = tl.where(nonzero, 127.0 / tl.where(nonzero, absmax, 1.0), 0.0)  # 127 = INT8_MAX
-            # Round to nearest, ties up: floor(y + 0.5). The reference uses the same formula, so the
-            # two agree bit for bit (torch.round would round ties to even).
-            q = tl.floor(x * inv[:, None] + 0.5)
-            q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+            q = int8_codes(x, absmax[:, None])
             tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], q.to(tl.int8), mask=mask)
             tl.store(scale_ptr + offs_r, absmax / 127.0, mask=offs_r < R)
         else:
-            y = x * tl.load(inv_scale_ptr)
-            y = tl.minimum(tl.maximum(y, -448.0), 448.0)  # FP8_MAX; e4m3fn has no inf: saturate first
-            tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], y.to(tl.float8e4nv), mask=mask)
+            y = fp8_codes(x, tl.load(inv_scale_ptr))
+            tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], y, mask=mask)
 
 
 def _resolve_dtype(cache_dtype) -> torch.dtype:

@@ -294,7 +294,7 @@ class CpuDecode:
         return attend
 
     def _rope(self, positions):
-        """(cos, sin) [n, 1, dh] for positions [n], laid out as `model.rope_angles`: (cos, cos) and
+        """(cos, sin) [n, 1, dh] for positions [n], laid out as `layer_math.rope_angles`: (cos, cos) and
         (-sin, +sin) over the two halves."""
         angles = positions.astype(np.float32)[:, None] * self.inv_freq  # [n, dh/2]
         cos, sin = np.cos(angles), np.sin(angles)
@@ -380,7 +380,7 @@ def store_int8(x, codes, scales, position):
 
 
 def rms_norm(x, weight, eps):
-    """x / rms(x) * weight over the last axis, fp32, as `model.rms_norm` (the sum of squares by
+    """x / rms(x) * weight over the last axis, fp32, as `layer_math.rms_norm` (the sum of squares by
     a ufunc reduce: np.mean's Python wrapper cost more than the arithmetic at these sizes)."""
     mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) * np.float32(1.0 / x.shape[-1])
     return x * (1.0 / np.sqrt(mean_square + eps)) * weight

@@ -42,7 +42,7 @@ from .specs import gpu_limits
 
 # (target name, the GPUS preset whose limits it is checked against)
 TARGETS = {"sm_75": "T4", "sm_80": "A100-80GB", "sm_89": "L4", "sm_90a": "H100-SXM"}
-KERNEL_NAMES = ("matmul", "flash_attention", "decode_attention", "kv_quant")
+KERNEL_NAMES = ("matmul", "flash_attention", "decode_attention", "kv_quant", "add_rms_norm", "rope_store")
 # Head dims: the lab's GPU model (Llama 3.1 8B: 128), the dry run's lab-tiny (16), and 256, the
 # largest the attention wrappers accept (where shared memory is tightest).
 HEAD_DIMS = (16, 128, 256)
@@ -256,8 +256,50 @@ def kv_quant_variants(dtypes, shared_limit: int | None, capability: tuple | None
     return out
 
 
+def add_rms_norm_variants(dtypes, shared_limit: int | None, capability: tuple | None = None) -> list[Variant]:
+    """The residual add and norm for each activation dtype at the hidden sizes of lab-tiny (the
+    dry run), the 8B and the widest row the wrapper takes, with and without the add."""
+    an = kernel_module("add_rms_norm")
+    out = []
+    for dt in (d for d in ("fp16", "bf16", "fp32") if d in dtypes):
+        for N in (64, 4096, an.MAX_N):
+            for has_delta in (True, False):
+                args = dict(x_ptr=Pointer(TRITON_DTYPE[dt]), delta_ptr=Pointer(TRITON_DTYPE[dt]),
+                            weight_ptr=Pointer(TRITON_DTYPE[dt]), sum_ptr=Pointer(TRITON_DTYPE[dt]),
+                            out_ptr=Pointer(TRITON_DTYPE[dt]), R=65536, N=N, stride_x=N, stride_d=N, eps=1e-5,
+                            HAS_DELTA=has_delta, BLOCK_N=N)
+                out.append(Variant("add_rms_norm", "_add_rms_norm_kernel", args, an.num_warps_for(N), 3,
+                                   {"x": dt, "N": N, "HAS_DELTA": has_delta}))
+    return out
+
+
+def rope_store_variants(dtypes, shared_limit: int | None, capability: tuple | None = None) -> list[Variant]:
+    """Decode's RoPE and cache write for each activation dtype and cache dtype, at each head dim,
+    with the position from the cache's device lengths (a CUDA graph) or one int (eager)."""
+    rs = kernel_module("rope_store")
+    kind = {"int8": rs.CACHE_INT8, "fp8": rs.CACHE_FP8}
+    out = []
+    for act in (d for d in ("fp16", "bf16", "fp32") if d in dtypes):
+        for c_dt in dtypes:
+            for D, from_ptr in ((D, p) for D in HEAD_DIMS[:2] for p in (True, False)):  # a row: D is its width
+                H, Hkv, S = 32, 8, 8192
+                args = dict(qkv_ptr=Pointer(TRITON_DTYPE[act]), cos_ptr=Pointer("fp32"), sin_ptr=Pointer("fp32"),
+                            q_ptr=Pointer(TRITON_DTYPE[act]), k_ptr=Pointer(TRITON_DTYPE[c_dt]),
+                            v_ptr=Pointer(TRITON_DTYPE[c_dt]), k_scale_ptr=Pointer("fp32"),
+                            v_scale_ptr=Pointer("fp32"), pos_ptr=Pointer("i32"), pos0=0, H=H, Hkv=Hkv,
+                            stride_qkv=(H + 2 * Hkv) * D, stride_cos=D, stride_cb=Hkv * S * D, stride_ch=S * D,
+                            stride_cs=D, stride_sb=Hkv * S if c_dt == "int8" else 0,
+                            stride_sh=S if c_dt == "int8" else 0, stride_ss=1 if c_dt == "int8" else 0,
+                            HALF=D // 2, CACHE_KIND=kind.get(c_dt, rs.CACHE_FLOAT), POS_FROM_PTR=from_ptr,
+                            BLOCK_HALF=D // 2)
+                out.append(Variant("rope_store", "_rope_store_kernel", args, 1, 3,
+                                   {"x": act, "cache": c_dt, "D": D, "POS_FROM_PTR": from_ptr}))
+    return out
+
+
 VARIANTS = {"matmul": matmul_variants, "flash_attention": flash_variants,
-            "decode_attention": decode_variants, "kv_quant": kv_quant_variants}
+            "decode_attention": decode_variants, "kv_quant": kv_quant_variants,
+            "add_rms_norm": add_rms_norm_variants, "rope_store": rope_store_variants}
 
 
 # ---------------------------------------------------------------- compiling one variant

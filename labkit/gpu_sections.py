@@ -78,6 +78,8 @@ def correctness_section(run: Run) -> dict:
     steps += [(f"decode {c} B={B} S={S}", lambda B=B, S=S, c=c: check_decode(run, B, S, c))
               for B, S in s.decode_checks for c in cache_dtypes(run, run.dtype)]
     steps += [(f"kv_quant {c}", lambda c=c: check_kv_quant(run, c)) for c in ("int8", "fp8")]
+    steps += [("add_rms_norm", lambda: check_add_rms_norm(run))]
+    steps += [(f"rope_store {c}", lambda c=c: check_rope_store(run, c)) for c in cache_dtypes(run, run.dtype)]
     checks = run_steps(run, steps)
     # A check the budget skipped did not fail, but it did not pass either: the summary names it.
     run.results["correctness_passed"] = all(c.get("passed", True) for c in checks)
@@ -161,6 +163,46 @@ def check_kv_quant(run: Run, cache_dtype: str) -> dict:
     if cache_dtype == "int8":
         scales = compare(run, "kv_quant int8 scales", s, s_ref, INT8_SCALES)
         result.update(scale_max_abs_err=scales["max_abs_err"], passed=result["passed"] and scales["passed"])
+    return result
+
+def check_add_rms_norm(run: Run) -> dict:
+    """The residual add and norm at the model's hidden size (H * D), a decode batch of rows."""
+    from kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference  # triton: after the interpreter choice
+    from kernels.tolerances import float_tolerance  # triton: after the interpreter choice
+    (B, _), (H, _, D) = run.sizes.decode_checks[0], run.sizes.heads
+    x, delta, weight = randn(run, (B, H * D), 11), randn(run, (B, H * D), 12), 1 + randn(run, (H * D,), 13, scale=0.1)
+    (total, normed), (total_ref, normed_ref) = add_rms_norm(x, delta, weight, 1e-5), add_rms_norm_reference(x, delta, weight, 1e-5)
+    result = compare(run, "add_rms_norm normed", normed, normed_ref, float_tolerance(run.dtype),
+                     kernel="add_rms_norm", shape={"R": B, "N": H * D})
+    sums = compare(run, "add_rms_norm sum", total, total_ref, float_tolerance(run.dtype))
+    return {**result, "passed": result["passed"] and sums["passed"]}
+
+
+def check_rope_store(run: Run, cache_dtype: str) -> dict:
+    """Decode's RoPE and cache write: q, and the cache rows it wrote at each sequence's position,
+    against the reference on a copy of the same cache (codes for int8/fp8)."""
+    import torch  # after the arguments are checked
+    from kernels.rope_store import rope_and_store, rope_and_store_reference  # triton: after the interpreter choice
+    from kernels.tolerances import float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
+    if cache_dtype == "fp8" and run.device != "cuda":
+        run.log("rope_store fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
+        return {"kernel": "rope_store", "cache_dtype": "fp8", "passed": True,
+                "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
+    (B, S), (H, Hkv, D) = run.sizes.decode_checks[0], run.sizes.heads
+    qkv = randn(run, (B, (H + 2 * Hkv) * D), 14, scale=2.0)
+    angles = torch.rand(B, D // 2, generator=torch.Generator().manual_seed(15), device="cpu").to(run.device) * 6
+    cos, sin = torch.cat((angles.cos(),) * 2, -1), torch.cat((-angles.sin(), angles.sin()), -1)  # [B, D]
+    cache = quantized_cache(run, randn(run, (B, Hkv, S, D), 16), randn(run, (B, Hkv, S, D), 17), cache_dtype)
+    positions = torch.randint(0, S, (B,), generator=torch.Generator().manual_seed(18), dtype=torch.int32).to(run.device)
+    mine, ref = ([t if t is None else t.clone() for t in cache] for _ in range(2))  # the kernel's and the reference's
+    q, q_ref = rope_and_store(qkv, cos, sin, *mine, positions), rope_and_store_reference(qkv, cos, sin, *ref, positions)
+    result = compare(run, f"rope_store {cache_dtype} q", q, q_ref, float_tolerance(run.dtype), kernel="rope_store",
+                     cache_dtype=cache_dtype, shape={"B": B, "H": H, "Hkv": Hkv, "S": S, "D": D})
+    codes = kv_quant_code_tolerance(cache_dtype, run.device == "cuda") if cache_dtype in ("int8", "fp8") \
+        else float_tolerance(cache_dtype)
+    for name, got, want in zip(("k", "v"), mine[:2], ref[:2]):
+        stored = compare(run, f"rope_store {cache_dtype} {name} cache", got.float(), want.float(), codes)
+        result["passed"] = result["passed"] and stored["passed"]
     return result
 
 # ---------------------------------------------------------------- 3. kernel timing

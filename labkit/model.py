@@ -40,63 +40,12 @@ from .decode_paths import choose_decode_path
 from .dtypes import COMPUTE_DTYPES, torch_dtype, with_article
 from .errors import LabError
 from .kvcache import DecodePlan, KVCache
+from .layer_math import rope_angles, rope_inverse_frequencies, rotate_qkv, swiglu
 from .ops import TritonOps, choose_ops
 from .specs import ModelSpec, get_model
 
 
-# ------------------------------------------------------------------ norms, RoPE, the layer
-def rms_norm(x, weight, eps):
-    """x / rms(x) * weight, computed in fp32 (as Llama does) and cast back. In fp32, and on a GPU
-    in any dtype the weight shares, this is torch's rms_norm: one op instead of six, which counts
-    in a decode step of ~100 ops (on CUDA one fused kernel that accumulates in fp32 and casts
-    once, after the weight, as the formula below). In the 8B's decode step on an H200 the
-    profile's twenty busiest kernels went from 1,331 launches a step to 784 with it (and one split-K
-    change; data/recordings/gpu-tune-h200-20261204-1742.json and -1751.json)."""
-    if weight.dtype == x.dtype and (x.dtype == torch.float32 or x.is_cuda):
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
-def rope_inverse_frequencies(head_dim, theta, device="cpu"):
-    """theta ** (-2i / dh) for i < dh/2, fp32 [dh/2]: the rotation speed of each pair of dims."""
-    return theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-
-
-def rope_angles(positions, inv_freq):
-    """(cos, sin) of the rotary angles, once per forward pass and shared by every layer.
-
-    positions [T] or [B, T] (absolute, int), inv_freq [dh/2] from `rope_inverse_frequencies` ->
-    cos, sin [T, 1, 2, dh/2] or [B, T, 1, 2, dh/2] in fp32, laid out for `apply_rope` on
-    x [B, T, heads, dh] viewed as [B, T, heads, 2, dh/2]: cos is (cos, cos) and sin is
-    (-sin, +sin) over the two halves."""
-    angles = positions.float()[..., None] * inv_freq  # [T, dh/2] or [B, T, dh/2]
-    cos, sin = angles.cos()[..., None, None, :], angles.sin()[..., None, None, :]  # [.., T, 1, 1, dh/2]
-    return torch.cat((cos, cos), dim=-2), torch.cat((-sin, sin), dim=-2)
-
-
-def apply_rope(x, cos, sin):
-    """Rotary embedding, Hugging Face Llama layout (pairs are (i, i + dh/2)), in fp32:
-    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), i.e. x * (cos, cos) + swap(x) * (-sin, sin)
-    with swap(x1, x2) = (x2, x1): three ops for q and k of every head at once.
-
-    x [B, T, heads, dh]; cos, sin from `rope_angles`. Returns a new [B, T, heads, dh] tensor."""
-    B, T, n, dh = x.shape
-    halves = x.float().reshape(B, T, n, 2, dh // 2)
-    out = halves * cos
-    # out += swap(x) * sin, a half at a time from views of x: no flipped copy of x (prefill: ~1 ms
-    # of a P = 4,096 prefill on a 2-core CPU); the same products and sums, so the same bits
-    out[..., 0, :].addcmul_(halves[..., 1, :], sin[..., 0, :])
-    out[..., 1, :].addcmul_(halves[..., 0, :], sin[..., 1, :])
-    return out.view(B, T, n, dh).to(x.dtype)
-
-
-def swiglu(gate, up):
-    """SwiGLU's gating, silu(gate) * up: gate, up [..., ffn] -> [..., ffn] (the product into silu's
-    own output: one tensor of the prefill's largest, P x ffn, fewer to write)."""
-    return F.silu(gate).mul_(up)
-
-
+# ------------------------------------------------------------------ the layer's weights
 def _param(generator, shape, std, dtype, device, linear=True):
     """A [out, in] weight. On the CPU a linear weight is laid out [in, out]-contiguous (its
     transpose is contiguous) so a decode-shaped x @ w.T streams it in the order BLAS reads it."""
@@ -218,30 +167,31 @@ class Llama(nn.Module):
     # -------------------------------------------------------------- shared pieces of a layer
     # Each operation runs inside a part of `self.clock` (the breakdown's timer hook; OFF times
     # nothing): "products" the weight matrices, "attention", "other" everything else.
-    def _qkv(self, layer, x, rope):
-        """x [B, T, d] -> q [B, H, T, dh], k, v [B, Hkv, T, dh] (views), with RoPE (cos, sin)
-        applied to q and k together."""
-        s, (B, T, _), clock = self.spec, x.shape, self.clock
-        with clock.time("other"):
-            normed = rms_norm(x, layer.attn_norm, s.norm_eps)
-        with clock.time("products"):
+    def _qkv(self, layer, normed, rope):
+        """normed [B, T, d] (the attention norm's output) -> q [B, H, T, dh], k, v [B, Hkv, T, dh]
+        (views), with RoPE (cos, sin) applied to q and k together."""
+        s = self.spec
+        with self.clock.time("products"):
             qkv = self.ops.linear(normed, layer.wqkv)  # [B, T, q + 2 kv]
-        heads = qkv.view(B, T, s.n_heads + 2 * s.n_kv_heads, s.head_dim)
-        with clock.time("other"):
-            qk = apply_rope(heads[:, :, :s.n_heads + s.n_kv_heads], *rope)  # [B, T, H + Hkv, dh]
-        q, k = qk.transpose(1, 2).split([s.n_heads, s.n_kv_heads], dim=1)
-        return q, k, heads[:, :, s.n_heads + s.n_kv_heads:].transpose(1, 2)
+        with self.clock.time("other"):
+            return rotate_qkv(qkv, s.n_heads, s.n_kv_heads, rope)
 
-    def _finish_layer(self, layer, x, attn):
-        """x [B, T, d], attn [B, H, T, dh] -> o projection + residual, then the SwiGLU block."""
+    def _add_norm(self, x, delta, weight):
+        """(x + delta, its RMSNorm by `weight`): a residual add and the norm after it, one op
+        (one kernel on the Triton path). delta None: (x, the norm of x)."""
+        with self.clock.time("other"):
+            return self.ops.add_rms_norm(x, delta, weight, self.spec.norm_eps)
+
+    def _finish_layer(self, layer, x, attn, next_norm):
+        """x [B, T, d], attn [B, H, T, dh] -> o projection + residual, then the SwiGLU block, then
+        (x, x normed by `next_norm`: the next layer's attention norm or the final norm), or
+        (x, None) where next_norm is None."""
         (B, T, _), clock = x.shape, self.clock
         with clock.time("other"):
             heads = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H dh]
         with clock.time("products"):
             o = self.ops.linear(heads, layer.wo)
-        with clock.time("other"):
-            x = x + o
-            normed = rms_norm(x, layer.mlp_norm, self.spec.norm_eps)
+        x, normed = self._add_norm(x, o, layer.mlp_norm)
         with clock.time("products"):
             gate_up = self.ops.linear(normed, layer.w_gate_up)
         gate, up = gate_up.chunk(2, dim=-1)  # [B, T, ffn] each
@@ -249,13 +199,23 @@ class Llama(nn.Module):
             gated = swiglu(gate, up)
         with clock.time("products"):
             down = self.ops.linear(gated, layer.w_down)
-        with clock.time("other"):
-            return x + down
+        if next_norm is None:
+            with clock.time("other"):
+                return x + down, None
+        return self._add_norm(x, down, next_norm)
+
+    def _next_norm(self, i):
+        """The norm that follows layer i's last residual add: layer i + 1's attention norm, or the
+        final norm after the last layer."""
+        return self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
 
     def _logits(self, x_last):
         """x_last [B, d] -> fp32 logits [B, V]: final norm, then the head."""
-        with self.clock.time("other"):
-            normed = rms_norm(x_last, self.norm, self.spec.norm_eps)
+        _, normed = self._add_norm(x_last, None, self.norm)
+        return self._head(normed)
+
+    def _head(self, normed):
+        """normed [B, d] (after the final norm) -> fp32 logits [B, V]."""
         with self.clock.time("products"):
             return self.ops.linear(normed, self.head_weight).float()
 
@@ -288,21 +248,23 @@ class Llama(nn.Module):
         return self._prefill(tokens, cache, start, slice(slot, slot + 1))[0]
 
     def _prefill(self, tokens, cache, start, rows):
-        (B, P), clock = tokens.shape, self.clock
+        P, clock = tokens.shape[1], self.clock
         _check_prefill(cache, P, start, rows)
         with clock.time("other"):
             positions = torch.arange(start, start + P, device=self.device)  # [P] absolute
             rope = rope_angles(positions, self.rope_inv_freq)
             x = F.embedding(tokens, self.embed)  # [B, P, d]
+        x, normed = self._add_norm(x, None, self.layers[0].attn_norm)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, rope)
+            q, k, v = self._qkv(layer, normed, rope)
             with clock.time("other"):
                 cache.update(i, k, v, start, rows)
             with clock.time("attention"):
                 if start:  # attend to the cached prefix too: read it back, dequantised
                     k, v = cache.read(i, start + P, rows, dtype=x.dtype)
                 attn = self.ops.prefill_attention(q, k, v)
-            x = self._finish_layer(layer, x, attn)
+            last = i + 1 == len(self.layers)  # then the final norm, of the last position only (_logits)
+            x, normed = self._finish_layer(layer, x, attn, None if last else self._next_norm(i))
         cache.set_lengths(start + P, rows)
         return self._logits(x[:, -1])  # only the last position: see the module docstring
 
@@ -333,14 +295,16 @@ class Llama(nn.Module):
             rope = rope_angles(where, self.rope_inv_freq)
             attend = cache.lengths + 1  # [B] keys each query sees, the new one included
             x = F.embedding(tokens[:, None], self.embed)  # [B, 1, d]
+        x, normed = self._add_norm(x, None, self.layers[0].attn_norm)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, rope)
-            with clock.time("other"):
-                cache.update(i, k, v, positions)
+            with clock.time("products"):
+                qkv = self.ops.linear(normed, layer.wqkv)  # [B, 1, q + 2 kv]
+            with clock.time("other"):  # RoPE on q and k, k and v into the cache: one kernel on Triton's path
+                q = self.ops.rope_and_store(qkv, rope, cache, i, positions)  # [B, H, dh]
             with clock.time("attention"):
-                o = self.ops.decode_attention(q[:, :, 0], cache, i, attend, max_length, mixed)
-            x = self._finish_layer(layer, x, o[:, :, None])
-        return self._logits(x[:, 0])
+                o = self.ops.decode_attention(q, cache, i, attend, max_length, mixed)
+            x, normed = self._finish_layer(layer, x, o[:, :, None], self._next_norm(i))
+        return self._head(normed[:, 0])
 
 
 def _check_prefill(cache: KVCache, P: int, start: int, rows):

@@ -3,6 +3,10 @@
     ops = choose_ops(None, torch.device("cpu"))   # TorchOps on the CPU, TritonOps on CUDA
     ops.linear(x, w); ops.prefill_attention(q, k, v); ops.decode_attention(q, cache, layer, ...)
 
+Between the products, `add_rms_norm` (a residual add and the norm after it) and decode's
+`rope_and_store` (RoPE, then K and V into the cache) are torch ops on the CPU and one kernel each
+on the Triton path, where a decode step's launches, not its bytes, set their cost.
+
 `TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`) or, for many rows,
 torch's MKL on an Intel CPU and oneDNN's linear on an AMD one (`linear`), torch's SDPA for
 prefill (on an AMD CPU blocks of queries through oneDNN's linear: `cpu_prefill_attention`) and
@@ -27,6 +31,7 @@ from . import backend, cpu_info
 from .cpu_blas import blas_matmul
 from .cpu_prefill_attention import blocked_prefill_attention, sdpa_prefill_attention
 from .errors import LabError
+from .layer_math import rms_norm, rotate_qkv
 
 # The int8/fp8 decode attention's fp32 temporaries per chunk: small enough to stay in L2/L3
 # (chunks of tens of MiB spill to memory and ran several times slower).
@@ -104,6 +109,21 @@ class TorchOps:
         return sdpa_prefill_attention(q, k, v)
 
     @staticmethod
+    def add_rms_norm(x, delta, weight, eps):
+        """(x + delta, rms_norm(x + delta)) for x, delta [..., d] (delta None: (x, rms_norm(x))):
+        a residual add and the norm that follows it, as two torch ops."""
+        x = x if delta is None else x + delta
+        return x, rms_norm(x, weight, eps)
+
+    @staticmethod
+    def rope_and_store(qkv, rope, cache, layer, positions):
+        """Decode's qkv [B, 1, (H + 2 Hkv) dh] -> q [B, H, dh], RoPE on q and k, k and v
+        written into `cache` at `positions` (an int, or a tensor [B]: `KVCache.update`)."""
+        q, k, v = rotate_qkv(qkv, cache.spec.n_heads, cache.spec.n_kv_heads, rope)
+        cache.update(layer, k, v, positions)
+        return q[:, :, 0]
+
+    @staticmethod
     def decode_attention(q, cache, layer, lengths, max_length, mixed):
         """q [B, H, dh] over each row's first lengths[b] cached positions -> [B, H, dh]."""
         if cache.cache_dtype in ("int8", "fp8"):
@@ -131,6 +151,26 @@ class TritonOps:
     def prefill_attention(q, k, v):
         from kernels.flash_attention import flash_attention  # on first use: see the class docstring
         return flash_attention(q, k, v, causal=True)
+
+    @staticmethod
+    def add_rms_norm(x, delta, weight, eps):
+        """One kernel for the residual add and the next norm (kernels/add_rms_norm.py)."""
+        from kernels.add_rms_norm import MAX_N, add_rms_norm  # on first use: see the class docstring
+        d = x.shape[-1]
+        if d > MAX_N:  # a row wider than one program holds (a config.json's model): torch's two ops
+            return TorchOps.add_rms_norm(x, delta, weight, eps)
+        total, normed = add_rms_norm(x.reshape(-1, d), None if delta is None else delta.reshape(-1, d), weight, eps)
+        return total.view(x.shape), normed.view(x.shape)
+
+    @staticmethod
+    def rope_and_store(qkv, rope, cache, layer, positions):
+        """One kernel for decode's RoPE and cache write (kernels/rope_store.py): qkv [B, 1, ...]
+        -> q [B, H, dh]; cos, sin from `rope_angles` are viewed as [1 or B, dh]."""
+        from kernels.rope_store import rope_and_store  # on first use: see the class docstring
+        (cos, sin), dh = rope, cache.spec.head_dim
+        k_scale, v_scale = cache.layer_scales(layer)
+        return rope_and_store(qkv.reshape(qkv.shape[0], -1), cos.reshape(-1, dh), sin.reshape(-1, dh),
+                              cache.k[layer], cache.v[layer], k_scale, v_scale, positions)
 
     @staticmethod
     def decode_attention(q, cache, layer, lengths, max_length, mixed):

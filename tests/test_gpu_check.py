@@ -62,8 +62,8 @@ def test_dry_run_writes_one_recording_per_section(dry_run):
         assert record["dtype"] and record["sizes"]["model"] == DRY.model
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["dry_run"] is True and summary["correctness_passed"]
-    # the one check the interpreter cannot run is named, with why; nothing else was left out
-    assert list(summary["correctness_not_run"]) == ["kv_quant fp8"]
+    # the checks the interpreter cannot run (an in-kernel fp8 cast) are named, with why; nothing else was left out
+    assert list(summary["correctness_not_run"]) == ["kv_quant fp8", "rope_store fp8"]
     assert summary["gpu_check"].startswith("ok, but not run: kv_quant fp8 (needs a GPU")
     assert not list(out.glob("*.partial.jsonl")), "a finished section's partial log is replaced by its recording"
     assert len(summary["recordings"]) == len(SECTIONS)
@@ -84,12 +84,13 @@ def test_dry_run_correctness_checks_all_kernels_and_pass(dry_run):
     checks = steps(record, "checks")
     assert record["all_passed"] is True
     assert {c.get("kernel") for c in checks if "skipped" not in c} == {
-        "matmul", "flash_attention", "decode_attention", "kv_quant"}
+        "matmul", "flash_attention", "decode_attention", "kv_quant", "add_rms_norm", "rope_store"}
     for check in checks:
         assert check["passed"], check
         if "skipped" not in check:  # the fp8 quantiser needs a GPU (the interpreter miscasts it)
             assert check["ref_max_abs"] > 10 * check["max_abs_err"], f"check too weak to fail: {check}"
-    assert {c["cache_dtype"] for c in checks if c.get("kernel") == "decode_attention"} == {"fp16", "fp8", "int8"}
+    for kernel in ("decode_attention", "rope_store"):
+        assert {c["cache_dtype"] for c in checks if c.get("kernel") == kernel} == {"fp16", "fp8", "int8"}
 
 
 @pytest.mark.triton

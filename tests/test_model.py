@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from kernels.tolerances import float_tolerance  # noqa: E402
 from labkit import backend, cpu_decode, cpu_kernels, cpu_linear, cpu_step, decode_paths, roofline  # noqa: E402
 from labkit.errors import FootprintError, LabError  # noqa: E402
+from labkit.kvcache import KVCache  # noqa: E402
 from labkit.model import Llama  # noqa: E402
 from labkit.specs import get_model, model_from_config, with_changes  # noqa: E402
 
@@ -445,6 +446,47 @@ def test_triton_decode_step_never_waits_for_the_device(monkeypatch, lengths):
     assert model.cache.lengths.tolist() == model.cache.host_lengths
 
 
+@pytest.mark.triton
+@pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+@pytest.mark.parametrize("cache_dtype", ["fp32", "fp16", "int8"])  # fp8: the interpreter miscasts it
+@pytest.mark.parametrize("lengths", [[4, 4, 4], [2, 9, 5]])
+def test_the_fused_triton_ops_do_what_the_torch_ops_do(cache_dtype, lengths):
+    """TritonOps' rope_and_store (decode's RoPE and cache write, one kernel) and add_rms_norm
+    against TorchOps' torch ops, on two caches in the same state: the same q, the same cache."""
+    from labkit.layer_math import rope_angles, rope_inverse_frequencies
+    from labkit.ops import TorchOps, TritonOps
+    device, s = ("cuda" if CUDA else "cpu"), TINY
+    caches = [KVCache(s, 3, 12, cache_dtype, device, use_triton=True) for _ in range(2)]
+    for cache in caches:
+        cache.set_lengths(lengths)
+    (positions, _, mixed), g = caches[0].decode_plan(), torch.Generator().manual_seed(60)
+    where = positions[:, None] if mixed else torch.arange(positions, positions + 1, device=device)
+    rope = rope_angles(where, rope_inverse_frequencies(s.head_dim, s.rope_theta, device))
+    qkv = torch.randn(3, 1, s.q_dim + 2 * s.kv_dim, generator=g).to(device)
+    q = [ops.rope_and_store(qkv, rope, cache, 1, positions) for ops, cache in zip((TritonOps, TorchOps), caches)]
+    assert_close(q[0], q[1], dict(atol=1e-5, rtol=1e-5), f"q, {cache_dtype} cache, lengths {lengths}")
+    tol = TOL["int8"] if cache_dtype == "int8" else dict(atol=1e-3, rtol=1e-3)
+    for name, a, b in zip("kv", caches[0].read(1, 12), caches[1].read(1, 12)):
+        assert_close(a, b, tol, f"{name} cache, {cache_dtype}, lengths {lengths}")
+    x, delta = (torch.randn(3, 1, s.hidden_size, generator=g).to(device) for _ in range(2))
+    weight = (1 + 0.1 * torch.randn(s.hidden_size, generator=g)).to(device)
+    for got, want, what in zip(TritonOps.add_rms_norm(x, delta, weight, 1e-5), TorchOps.add_rms_norm(x, delta, weight, 1e-5),
+                               ("sum", "normed")):
+        assert_close(got, want, dict(atol=1e-5, rtol=1e-5), f"add_rms_norm {what}")
+
+
+@pytest.mark.triton
+def test_rows_wider_than_the_norm_kernel_take_the_torch_ops(monkeypatch):
+    import kernels.add_rms_norm as kernel
+    from labkit.ops import TorchOps, TritonOps
+    monkeypatch.setattr(kernel, "MAX_N", 32)
+    monkeypatch.setattr(kernel, "add_rms_norm", lambda *a: pytest.fail("the kernel ran on a row wider than MAX_N"))
+    x, weight = torch.randn(2, 64), torch.ones(64)
+    for got, want in zip(TritonOps.add_rms_norm(x, None, weight, 1e-5), TorchOps.add_rms_norm(x, None, weight, 1e-5)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
@@ -472,7 +514,7 @@ def norm_in_fp32(x, weight, eps):
 def test_rms_norm_in_bf16_is_the_fp32_formula_cast_once(device):
     """On the CPU the formula itself (the same bits); on a GPU torch's fused rms_norm, which
     accumulates in fp32 and casts once after the weight: within one bf16 rounding of it."""
-    from labkit.model import rms_norm
+    from labkit.layer_math import rms_norm
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(3, 4096, generator=g) * 3).to(torch.bfloat16).to(device)
     weight = (1 + 0.1 * torch.randn(4096, generator=g)).to(torch.bfloat16).to(device)
