@@ -20,7 +20,9 @@ What it does, each part within its share of --budget-s:
      caches at B = 1, S = 32k and 128k and B = 16, S = 8k, each checked against torch; the best
      per cache dtype by geometric mean of time;
   3. the decode step (labkit.sweeps.measure_decode, CUDA graph) at a few points with the
-     current tiles, a profile of one step by kernel, then the same points with the best tiles.
+     current tiles, a profile of one step by kernel, the first points again with the residual
+     adds, norms, RoPE and cache writes as torch's separate ops (what kernels/add_rms_norm.py and
+     kernels/rope_store.py replaced: "unfused"), then the points with the best tiles.
 Writes one recording `gpu-tune-<device>-<stamp>.json` into DIR (never overwritten) with
 provenance. It changes no file of the lab: the winners become the kernels' defaults by hand,
 citing the recording.
@@ -28,6 +30,7 @@ citing the recording.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import functools
 import json
@@ -51,6 +54,7 @@ ATTENTION_PER_SM = (1, 2, 4, 8)
 SHARES = {"matmul": 0.35, "attention": 0.25, "step": 0.40}
 STEP_POINTS = ((1, 8192, "bf16"), (16, 8192, "bf16"), (64, 8192, "bf16"), (16, 8192, "int8"), (16, 8192, "fp8"))
 DRY_STEP_POINTS = ((2, 64, "int8"),)
+UNFUSED_POINTS = 2  # the first STEP_POINTS timed again with torch's elementwise ops (B = 1 and 16)
 
 
 def log(text: str):
@@ -295,8 +299,8 @@ def time_steps(run, deadline: float, result: dict) -> dict:
     points = DRY_STEP_POINTS if run.dry else STEP_POINTS
     out = {"model": model, "before": [], "after": []}
 
-    def measure(label: str):
-        for B, S, cache_dtype in points:
+    def measure(label: str, at=points):
+        for B, S, cache_dtype in at:
             if time.perf_counter() > deadline:
                 out.setdefault("skipped", []).append([label, B, S, cache_dtype])
                 continue
@@ -315,6 +319,11 @@ def time_steps(run, deadline: float, result: dict) -> dict:
     measure("before")
     if run.device == "cuda" and time.perf_counter() < deadline:
         out["profile"] = profile_step(model, run.device)
+    out["unfused"] = []
+    with torch_elementwise_ops():
+        fresh()
+        measure("unfused", points[:UNFUSED_POINTS])
+    fresh()
     mm_best = (result.get("matmul") or {}).get("best")
     at_best = (result.get("attention") or {}).get("best") or {}
     if not mm_best and not at_best:
@@ -353,6 +362,22 @@ def time_steps(run, deadline: float, result: dict) -> dict:
         da.decode_attention = decode_attention
         fresh()
     return out
+
+
+@contextlib.contextmanager
+def torch_elementwise_ops():
+    """TritonOps' fused residual-add-and-norm and RoPE-and-cache-write swapped for TorchOps' torch
+    ops for the duration: the step as it ran before kernels/add_rms_norm.py and rope_store.py."""
+    from labkit.ops import TorchOps, TritonOps
+    names = ("add_rms_norm", "rope_and_store")
+    saved = {name: TritonOps.__dict__[name] for name in names}
+    try:
+        for name in names:
+            setattr(TritonOps, name, TorchOps.__dict__[name])
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(TritonOps, name, method)
 
 
 def profile_step(model: str, device: str, B: int = 1, S: int = 8192) -> list:

@@ -32,6 +32,18 @@ def test_dry_run_writes_a_recording_with_the_best_tiles(tmp_path):
     tiles = list(dict.fromkeys(tuple(e["tile"]) for e in int8))  # in the order timed
     assert len(tiles[0]) == 3 and tiles[1] == (*tiles[0], True)
     assert len(record["step"]["before"]) == len(record["step"]["after"]) == len(gpu_tune.DRY_STEP_POINTS)
+    assert len(record["step"]["unfused"]) == len(gpu_tune.DRY_STEP_POINTS[:gpu_tune.UNFUSED_POINTS])
+
+
+def test_the_unfused_step_runs_torchs_ops_then_the_kernels_again():
+    from labkit.ops import TorchOps, TritonOps
+    fused = TritonOps.__dict__["add_rms_norm"], TritonOps.__dict__["rope_and_store"]
+    with pytest.raises(RuntimeError, match="inside"):
+        with gpu_tune.torch_elementwise_ops():
+            assert TritonOps.add_rms_norm is TorchOps.add_rms_norm
+            assert TritonOps.rope_and_store is TorchOps.rope_and_store
+            raise RuntimeError("inside")  # a failed measurement restores them too
+    assert (TritonOps.__dict__["add_rms_norm"], TritonOps.__dict__["rope_and_store"]) == fused
 
 
 def test_parts_outside_the_three_are_refused_in_one_line(tmp_path, capsys):
