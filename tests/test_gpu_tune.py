@@ -3,6 +3,7 @@
 the best tiles, and the kernels' tables are that recording's winners."""
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,14 @@ def test_the_kernels_decode_tiles_are_the_recorded_winners_on_hopper():
         # timed under a bf16 q: an fp16 q keeps the untuned tiles (the int8 one spills under triton 3.6)
         assert da.split_constexprs("fp16", cache_dtype, 128, 4, 232448, capability=(9, 0))["num_warps"] == 8
         assert da.split_constexprs("bf16", cache_dtype, 128, 4, 166912, capability=(8, 0))["num_warps"] == 8
+
+
+def test_the_gpu_session_script_parses_and_asks_for_the_commit(tmp_path):
+    """scripts/gpu_session.sh, what a lent GPU runs in one call: valid bash, and without the commit
+    (the machine's .git is stale) it stops in one line before running anything."""
+    script = ROOT / "scripts" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "LABKIT_GIT_COMMIT"}
+    done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "set LABKIT_GIT_COMMIT" in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()

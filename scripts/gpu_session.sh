@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What a lent GPU runs, in one call of at most about 7 minutes, writing at most 8 files into OUT
+# (what the device tool brings back), each step under its own timeout so a hang costs only its step:
+#
+#   LABKIT_GIT_COMMIT=<sha, written out from your checkout> bash scripts/gpu_session.sh "$OUT"
+#
+#   1. pytest -m gpu over the kernel, model and graphed-decode tests: what Triton's interpreter
+#      cannot check here (bf16 arithmetic, in-kernel fp8 casts, the CUDA graph)   <= 150 s
+#   2. scripts/gpu_tune.py --parts step,attention: the 8B's decode step fused and unfused, its
+#      profile by kernel, decode attention's tiles with and without SCALE_V          <= 200 s
+#   3. python -m labkit.gpu_check --only correctness,kernels,decode_sweep: every kernel against
+#      torch at real sizes, the kernels' timings, the 8B's decode sweep              <= 200 s
+#
+# The machine's copy of the repository carries a stale .git, so the commit is given, never asked of
+# git there (data/recordings/logs/README.md). Needs torch, triton and numpy; pytest if it is there.
+# DRY=1: steps 2 and 3 as their dry runs (toy sizes, Triton's interpreter) and no pytest, to check
+# the script itself on a machine without a GPU.
+set -u
+out=${1:?usage: LABKIT_GIT_COMMIT=<sha> bash scripts/gpu_session.sh OUT}
+: "${LABKIT_GIT_COMMIT:?set LABKIT_GIT_COMMIT to the commit, written out from your checkout}"
+export LABKIT_GIT_COMMIT PYTHONUNBUFFERED=1 LABKIT_CACHE_DIR=${LABKIT_CACHE_DIR:-/tmp/labkit-cache}
+py=${PYTHON:-python3}
+stamp=$(date -u +%Y%m%d-%H%M)
+mkdir -p "$out"
+step() {  # step NAME SECONDS COMMAND...: run it under its timeout, its output into OUT/NAME-STAMP.log
+    local name=$1 limit=$2
+    shift 2
+    echo "[gpu_session] $name (at most $limit s): $*"
+    timeout "$limit" "$@" > "$out/$name-$stamp.log" 2>&1
+    echo "[gpu_session] $name: exit $? ($(tail -n 1 "$out/$name-$stamp.log" | cut -c1-300))"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "[gpu_session] no nvidia-smi"
+dry=()
+[ "${DRY:-0}" = 1 ] && dry=(--dry-run)
+if [ "${DRY:-0}" != 1 ] && "$py" -c "import pytest" 2>/dev/null; then
+    step pytest-gpu 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_matmul.py \
+        tests/test_kernels_flash_attention.py tests/test_kernels_decode_attention.py tests/test_kernels_kv_quant.py \
+        tests/test_kernels_add_rms_norm.py tests/test_kernels_rope_store.py tests/test_model.py tests/test_graphed_decode.py
+else
+    echo "[gpu_session] pytest-gpu: skipped (DRY=1, or no pytest here)"
+fi
+step gpu-tune 200 "$py" scripts/gpu_tune.py --out "$out" --budget-s 170 --parts step,attention "${dry[@]}"
+step gpu-check 200 "$py" -m labkit.gpu_check --out "$out" --only correctness,kernels,decode_sweep --budget-s 170 "${dry[@]}"
