@@ -19,7 +19,9 @@ def rms_norm(x, weight, eps):
     in a decode step of ~100 ops (on CUDA one fused kernel that accumulates in fp32 and casts
     once, after the weight, as the formula below). In the 8B's decode step on an H200 the
     profile's twenty busiest kernels went from 1,331 launches a step to 784 with it (and one split-K
-    change; data/recordings/gpu-tune-h200-20261204-1742.json and -1751.json)."""
+    change; data/recordings/gpu-tune-h200-20261204-1742.json and -1751.json). The Triton path
+    has since folded the residual add before each norm into one kernel with it
+    (kernels/add_rms_norm.py); this stays TorchOps' norm and the one that kernel is tested against."""
     if weight.dtype == x.dtype and (x.dtype == torch.float32 or x.is_cuda):
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
