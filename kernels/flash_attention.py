@@ -7,7 +7,9 @@ What you learn here:
     and rescale the partial output whenever m grows, so one pass gives the exact result;
   * exp2 instead of exp: softmax(x) is unchanged if we use 2**(x * log2(e)), and log2(e) is
     folded into the 1/sqrt(D) scale, so the inner loop pays one multiply;
-  * causal masking skips whole key tiles that lie after the last query of the tile;
+  * causal masking skips whole key tiles that lie after the last query of the tile, and masks
+    only the tiles on the diagonal: the tiles before it are visible to every query of the tile
+    and run without a compare and select per score (as Triton's own fused-attention tutorial);
   * chunked prefill: when S > P the queries are the last P positions, query i sits at absolute
     position S - P + i and sees keys 0 .. S - P + i;
   * grouped-query attention (GQA): H query heads share Hkv kv heads, head h reads kv head
@@ -30,7 +32,8 @@ from ._runtime import INTERPRETED, capability, check_runnable, shared_bytes_per_
 # Pseudocode, one program per (BLOCK_M queries, one (batch, head)):
 #   qs = q_tile * sm_scale * log2(e)                          # [BLOCK_M, D]
 #   m = -inf, l = 0, acc = 0                                   # [BLOCK_M], [BLOCK_M], [BLOCK_M, D]
-#   for each key tile k_j, v_j (BLOCK_N keys; causal: stop after the tile's last visible key):
+#   for each key tile k_j, v_j (BLOCK_N keys; causal: stop after the tile's last visible key;
+#                               first the tiles every query sees, with no mask, then the rest):
 #       s     = qs @ k_j^T, masked to -inf where key > query position or key >= S
 #       m_new = max(m, rowmax(s))
 #       p     = 2 ** (s - m_new)                               # [BLOCK_M, BLOCK_N]
@@ -103,6 +106,40 @@ def _prune(configs, named_args, **kwargs):
 
 
 if triton is not None:  # the kernel exists where Triton does; `attention_reference` everywhere
+    @triton.jit
+    def _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, q_pos, lo, hi, S, qk_scale, stride_ks, stride_vs,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The online softmax over key tiles lo, lo + BLOCK_N, ... < hi: (acc, l_i, m_i) updated.
+        MASKED: keys at or past S, and (CAUSAL) after a query's position, are hidden; else every
+        key of every tile is visible to every query, and nothing is masked."""
+        offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        for start_n in range(lo, hi, BLOCK_N):
+            keys = start_n + offs_n  # [BLOCK_N] absolute key positions
+            if MASKED:
+                kT = tl.load(kT_ptrs + start_n * stride_ks, mask=keys[None, :] < S, other=0.0)  # [D, BLOCK_N]
+            else:
+                kT = tl.load(kT_ptrs + start_n * stride_ks)
+            s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+            if MASKED:
+                visible = keys[None, :] < S
+                if CAUSAL:
+                    visible = visible & (keys[None, :] <= q_pos[:, None])
+                s = tl.where(visible, s, float("-inf"))
+            # Key 0 is visible to every row and lies in the first tile either loop takes, so m_new is
+            # finite from then on and the -inf entries become exact zeros in p.
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
+            p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+            alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]; 0 on the first tile (m_i = -inf)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if MASKED:
+                v = tl.load(v_ptrs + start_n * stride_vs, mask=keys[:, None] < S, other=0.0)  # [BLOCK_N, D]
+            else:
+                v = tl.load(v_ptrs + start_n * stride_vs)
+            # p is rounded to v's dtype so the second dot runs on tensor cores like the first.
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+            m_i = m_new
+        return acc, l_i, m_i
+
     @triton.autotune(configs=_configs(), key=["P_BUCKET", "S_BUCKET", "HEAD_DIM", "CAUSAL"],
                      prune_configs_by={"early_config_prune": _prune})
     @triton.jit(do_not_specialize=["P", "S", "P_BUCKET", "S_BUCKET"])  # one compiled variant for every length
@@ -149,26 +186,27 @@ if triton is not None:  # the kernel exists where Triton does; `attention_refere
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2**(s - m_i)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running unnormalised output
 
-        # Causal: keys after the tile's last query position are masked for every row; skip them.
-        hi = tl.minimum(S, S - P + (start_m + 1) * BLOCK_M) if CAUSAL else S
-        for start_n in range(0, hi, BLOCK_N):
-            keys = start_n + offs_n  # [BLOCK_N] absolute key positions
-            kT = tl.load(kT_ptrs + start_n * stride_ks, mask=keys[None, :] < S, other=0.0)  # [D, BLOCK_N]
-            s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-            visible = keys[None, :] < S
-            if CAUSAL:
-                visible = visible & (keys[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            # Key 0 is visible to every row and lies in the first tile, so m_new is finite from then on
-            # and the -inf entries become exact zeros in p.
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
-            p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
-            alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]; 0 on the first tile (m_i = -inf)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptrs + start_n * stride_vs, mask=keys[:, None] < S, other=0.0)  # [BLOCK_N, D]
-            # p is rounded to v's dtype so the second dot runs on tensor cores like the first.
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-            m_i = m_new
+        # Keys every query of the tile sees need no mask: with causal masking those before the tile's
+        # first query position, otherwise every whole tile of S. They come first, unmasked (no
+        # compare and select per score, unmasked loads); the rest, up to the tile's last query
+        # position (causal: keys after it are masked for every row, so skipped), with the masks.
+        if CAUSAL:
+            lo = (S - P + start_m * BLOCK_M) // BLOCK_N * BLOCK_N
+            hi = tl.minimum(S, S - P + (start_m + 1) * BLOCK_M)
+        else:
+            lo = S // BLOCK_N * BLOCK_N
+            hi = S
+        # Two loops need more registers than one: with BLOCK_N < 64 (on sm_90a under triton 3.6: 4-16
+        # bytes of spill at D = 128 and 256) and fp32's exact dots (8-636 bytes on sm_89 and sm_90a)
+        # the tile keeps one loop, every key tile masked.
+        if INPUT_PRECISION != "ieee" and BLOCK_N >= 64:
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, q_pos, 0, lo, S, qk_scale, stride_ks,
+                                    stride_vs, MASKED=False, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
+                                    BLOCK_N=BLOCK_N)
+        else:
+            lo = 0
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, q_pos, lo, hi, S, qk_scale, stride_ks, stride_vs,
+                                MASKED=True, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, BLOCK_N=BLOCK_N)
 
         o = acc / l_i[:, None]
         o_ptrs = (o_ptr + b * stride_ob + h * stride_oh
