@@ -60,6 +60,9 @@ TILES_TURING_WIDE = ((32, 16, 2, 4), (16, 32, 2, 4))  # sm_75 at D = 128 (D = 25
 TILES_FP32 = ((32, 16, 2, 4),)  # exact fp32 dots, D <= 128 only (others spill on sm_89)
 TILES_FP32_HOPPER = ((32, 16, 2, 4), (16, 32, 2, 4))  # (32, 32, 2, 8) spilled 8 bytes under triton 3.6
 INTERPRETER_TILE = (16, 16, 1, 4)
+# The fewest keys a tile needs to run the tiles every query sees in a loop of their own (see the
+# kernel); in the interpreter its one tile does, so the tests there check that loop too.
+UNMASKED_LOOP_MIN_BLOCK_N = tl.constexpr(INTERPRETER_TILE[1] if INTERPRETED else 64) if tl else None
 # Autotune keys: P and S rounded up to powers of two (see kernels/matmul.py's m_bucket).
 BUCKET_MIN, BUCKET_MAX = 128, 32768
 
@@ -199,7 +202,7 @@ if triton is not None:  # the kernel exists where Triton does; `attention_refere
         # Two loops need more registers than one: with BLOCK_N < 64 (on sm_90a under triton 3.6: 4-16
         # bytes of spill at D = 128 and 256) and fp32's exact dots (8-636 bytes on sm_89 and sm_90a)
         # the tile keeps one loop, every key tile masked.
-        if INPUT_PRECISION != "ieee" and BLOCK_N >= 64:
+        if INPUT_PRECISION != "ieee" and BLOCK_N >= UNMASKED_LOOP_MIN_BLOCK_N:
             acc, l_i, m_i = _attend(acc, l_i, m_i, q, kT_ptrs, v_ptrs, q_pos, 0, lo, S, qk_scale, stride_ks,
                                     stride_vs, MASKED=False, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
                                     BLOCK_N=BLOCK_N)
