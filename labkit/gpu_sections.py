@@ -165,13 +165,15 @@ def check_kv_quant(run: Run, cache_dtype: str) -> dict:
         result.update(scale_max_abs_err=scales["max_abs_err"], passed=result["passed"] and scales["passed"])
     return result
 
+
 def check_add_rms_norm(run: Run) -> dict:
     """The residual add and norm at the model's hidden size (H * D), a decode batch of rows."""
     from kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference  # triton: after the interpreter choice
     from kernels.tolerances import float_tolerance  # triton: after the interpreter choice
     (B, _), (H, _, D) = run.sizes.decode_checks[0], run.sizes.heads
     x, delta, weight = randn(run, (B, H * D), 11), randn(run, (B, H * D), 12), 1 + randn(run, (H * D,), 13, scale=0.1)
-    (total, normed), (total_ref, normed_ref) = add_rms_norm(x, delta, weight, 1e-5), add_rms_norm_reference(x, delta, weight, 1e-5)
+    total, normed = add_rms_norm(x, delta, weight, 1e-5)
+    total_ref, normed_ref = add_rms_norm_reference(x, delta, weight, 1e-5)
     result = compare(run, "add_rms_norm normed", normed, normed_ref, float_tolerance(run.dtype),
                      kernel="add_rms_norm", shape={"R": B, "N": H * D})
     sums = compare(run, "add_rms_norm sum", total, total_ref, float_tolerance(run.dtype))
@@ -204,6 +206,7 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
         stored = compare(run, f"rope_store {cache_dtype} {name} cache", got.float(), want.float(), codes)
         result["passed"] = result["passed"] and stored["passed"]
     return result
+
 
 # ---------------------------------------------------------------- 3. kernel timing
 def kernels_section(run: Run) -> dict:
