@@ -477,6 +477,35 @@ def test_the_fused_triton_ops_do_what_the_torch_ops_do(cache_dtype, lengths):
 
 
 @pytest.mark.triton
+@pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+def test_the_triton_step_runs_the_fused_kernels_once_a_norm_and_once_a_layer(monkeypatch):
+    """A decode step on the Triton path calls the add-and-norm kernel 2L + 1 times (the first norm,
+    then two a layer, the last with the final norm) and the RoPE-and-store kernel once a layer; a
+    prefill the norm kernel 2L + 1 times too (its last residual add is torch's, and the final norm
+    the kernel's on the last position alone)."""
+    import kernels.add_rms_norm as norm_kernel
+    import kernels.rope_store as rope_kernel
+    calls = {"norm": 0, "rope": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+    monkeypatch.setattr(norm_kernel, "add_rms_norm", counted("norm", norm_kernel.add_rms_norm))
+    monkeypatch.setattr(rope_kernel, "rope_and_store", counted("rope", rope_kernel.rope_and_store))
+    monkeypatch.setenv("LABKIT_CUDA_GRAPHS", "0")  # on CUDA: eager steps, no warm-up and capture to count
+    device = "cuda" if CUDA else "cpu"
+    model = Llama(TINY, batch=2, max_tokens=12, cache_dtype="fp32", device=device, compute_dtype="fp32",
+                  kernels="triton")
+    model.prefill(tokens_for(70, 2, 4).to(device))
+    assert calls == {"norm": 2 * TINY.n_layers + 1, "rope": 0}
+    model.decode_step(tokens_for(71, 2).to(device))
+    assert calls == {"norm": 2 * (2 * TINY.n_layers + 1), "rope": TINY.n_layers}
+
+
+@pytest.mark.triton
 def test_rows_wider_than_the_norm_kernel_take_the_torch_ops(monkeypatch):
     import kernels.add_rms_norm as kernel
     from labkit.ops import TorchOps, TritonOps
