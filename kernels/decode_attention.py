@@ -232,7 +232,8 @@ def split_constexprs(q_dtype: str, cache_dtype: str, head_dim: int, group: int, 
         # D = 16 (lab-tiny) and Turing (stages in registers) keep to 32-key tiles: wider ones spill.
         narrow = head_dim <= 16 or (capability is not None and tuple(capability) < (8, 0))
         warps = 8 if (kv_quant or dot_fp32) and head_dim > 16 else 4
-        tiles = [t for t in tuned_tiles(q_dtype, cache_dtype, head_dim, capability) + tuple((*t, warps) for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES))
+        general = tuple((*t, warps) for t in (SPLIT_TILES_FP32_DOT if dot_fp32 else SPLIT_TILES))
+        tiles = [t for t in tuned_tiles(q_dtype, cache_dtype, head_dim, capability) + general
                  if (shared_limit is None or split_shared_bytes(t[0], t[1], head_dim, _BYTES[cache_dtype],
                                                                 dot_bytes) <= shared_limit)
                  and not (narrow and t[0] > 32)]

@@ -236,7 +236,7 @@ def targets(points: list[dict], gains: dict, compute_bound_batch: float | None) 
         "prefill": at_least(f"prefill at P >= 1,024 at >= {PREFILL_TARGET} of the calibrated matmul peak",
                             {f"P={p['prompt_tokens']}": p["roof_fraction"] for p in prefill}, PREFILL_TARGET),
     }
-    ceilings = {f"B={p['batch']}": in_turn_ceiling(p) for p in in_range if in_turn_ceiling(p) is not None}
+    ceilings = {f"B={p['batch']}": c for p in in_range if (c := in_turn_ceiling(p)) is not None}
     if ceilings:
         result["decode_batches"]["in_turn_ceilings"] = ceilings
     gain = gains.get("tokens_per_s_b16_over_b1")

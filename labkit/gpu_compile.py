@@ -234,12 +234,18 @@ def _decode_split_variant(q_dt: str, c_dt: str, D: int, plan: dict) -> Variant:
                 stride_qb=32 * D, stride_qh=D, stride_qd=1,
                 stride_kb=8 * S * D, stride_kh=S * D, stride_ks=D, stride_kd=1,
                 stride_vb=8 * S * D, stride_vh=S * D, stride_vs=D, stride_vd=1,
-                stride_sb=8 * S if c_dt == "int8" else 0, stride_sh=S if c_dt == "int8" else 0,
-                stride_ss=1 if c_dt == "int8" else 0, **plan["constexprs"])
+                **_int8_scale_strides(c_dt, 8, S), **plan["constexprs"])
     config = {"q": q_dt, "cache": c_dt, "D": D, "BLOCK_N": plan["constexprs"]["BLOCK_N"], "stages": plan["num_stages"]}
     if plan["constexprs"]["SCALE_V"]:
         config["SCALE_V"] = True
     return Variant("decode_attention", "_decode_split_kernel", args, plan["num_warps"], plan["num_stages"], config)
+
+
+def _int8_scale_strides(cache_dtype: str, kv_heads: int, positions: int) -> dict:
+    """stride_sb, stride_sh, stride_ss of int8's [B, Hkv, S] scales; 0 for other caches (unread)."""
+    int8 = cache_dtype == "int8"
+    return dict(stride_sb=kv_heads * positions if int8 else 0, stride_sh=positions if int8 else 0,
+                stride_ss=1 if int8 else 0)
 
 
 def kv_quant_variants(dtypes, shared_limit: int | None, capability: tuple | None = None) -> list[Variant]:
@@ -278,19 +284,17 @@ def rope_store_variants(dtypes, shared_limit: int | None, capability: tuple | No
     with the position from the cache's device lengths (a CUDA graph) or one int (eager)."""
     rs = kernel_module("rope_store")
     kind = {"int8": rs.CACHE_INT8, "fp8": rs.CACHE_FP8}
+    H, Hkv, S = 32, 8, 8192  # the 8B's heads over an 8,192-position cache
     out = []
     for act in (d for d in ("fp16", "bf16", "fp32") if d in dtypes):
         for c_dt in dtypes:
             for D, from_ptr in ((D, p) for D in HEAD_DIMS[:2] for p in (True, False)):  # a row: D is its width
-                H, Hkv, S = 32, 8, 8192
                 args = dict(qkv_ptr=Pointer(TRITON_DTYPE[act]), cos_ptr=Pointer("fp32"), sin_ptr=Pointer("fp32"),
                             q_ptr=Pointer(TRITON_DTYPE[act]), k_ptr=Pointer(TRITON_DTYPE[c_dt]),
                             v_ptr=Pointer(TRITON_DTYPE[c_dt]), k_scale_ptr=Pointer("fp32"),
                             v_scale_ptr=Pointer("fp32"), pos_ptr=Pointer("i32"), pos0=0, H=H, Hkv=Hkv,
                             stride_qkv=(H + 2 * Hkv) * D, stride_cos=D, stride_cb=Hkv * S * D, stride_ch=S * D,
-                            stride_cs=D, stride_sb=Hkv * S if c_dt == "int8" else 0,
-                            stride_sh=S if c_dt == "int8" else 0, stride_ss=1 if c_dt == "int8" else 0,
-                            HALF=D // 2, CACHE_KIND=kind.get(c_dt, rs.CACHE_FLOAT), POS_FROM_PTR=from_ptr,
+                            stride_cs=D, **_int8_scale_strides(c_dt, Hkv, S), HALF=D // 2, CACHE_KIND=kind.get(c_dt, rs.CACHE_FLOAT), POS_FROM_PTR=from_ptr,
                             BLOCK_HALF=D // 2)
                 out.append(Variant("rope_store", "_rope_store_kernel", args, 1, 3,
                                    {"x": act, "cache": c_dt, "D": D, "POS_FROM_PTR": from_ptr}))

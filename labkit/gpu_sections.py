@@ -25,6 +25,7 @@ from .errors import FootprintError
 from .explore import HOST_BOUND_NOTE
 from .gpu_run import Run, command, error_line, quantized_cache, randn, rates, roof_text, roofs, run_steps
 from .recordings import provenance
+from .specs import get_model
 from .units import format_rate, format_seconds
 
 # Queries ~ 4 N(0, 1): scores of std 4 make softmax peaked and outputs O(1). With std 1 the output
@@ -186,16 +187,19 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
     import torch  # after the arguments are checked
     from kernels.rope_store import rope_and_store, rope_and_store_reference  # triton: after the interpreter choice
     from kernels.tolerances import float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
+
+    from .layer_math import rope_angles, rope_inverse_frequencies  # loads torch
     if cache_dtype == "fp8" and run.device != "cuda":
         run.log("rope_store fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
         return {"kernel": "rope_store", "cache_dtype": "fp8", "passed": True,
                 "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
     (B, S), (H, Hkv, D) = run.sizes.decode_checks[0], run.sizes.heads
     qkv = randn(run, (B, (H + 2 * Hkv) * D), 14, scale=2.0)
-    angles = torch.rand(B, D // 2, generator=torch.Generator().manual_seed(15), device="cpu").to(run.device) * 6
-    cos, sin = torch.cat((angles.cos(),) * 2, -1), torch.cat((-angles.sin(), angles.sin()), -1)  # [B, D]
     cache = quantized_cache(run, randn(run, (B, Hkv, S, D), 16), randn(run, (B, Hkv, S, D), 17), cache_dtype)
     positions = torch.randint(0, S, (B,), generator=torch.Generator().manual_seed(18), dtype=torch.int32).to(run.device)
+    # the model's angles for each row's position, viewed [B, D] as TritonOps.rope_and_store views them
+    inv_freq = rope_inverse_frequencies(D, get_model(run.sizes.model).rope_theta, run.device)
+    cos, sin = (t.reshape(B, D) for t in rope_angles(positions[:, None], inv_freq))
     mine, ref = ([t if t is None else t.clone() for t in cache] for _ in range(2))  # the kernel's and the reference's
     q, q_ref = rope_and_store(qkv, cos, sin, *mine, positions), rope_and_store_reference(qkv, cos, sin, *ref, positions)
     result = compare(run, f"rope_store {cache_dtype} q", q, q_ref, float_tolerance(run.dtype), kernel="rope_store",
