@@ -17,7 +17,9 @@ them; a section that raises is recorded with its error and the next one runs:
                  int8/fp8 quantisation itself (the fp8 cast the CPU interpreter gets wrong);
                  tolerances from kernels/tolerances.py, the table the kernel tests read
   kernels        each kernel against its torch baseline, the roofline bound printed first
-  prefill_sweep  the Llama-3.1-8B-shaped model's prefill, P = 512 ... 32k, batch 1
+  prefill_sweep  the Llama-3.1-8B-shaped model's prefill, P = 512 ... 32k, batch 1; up to 4k
+                 tokens replayed as a CUDA graph (labkit.graphed_prefill: "triton+graph", or
+                 the point's "prefill_reason" says why not)
   decode_sweep   its decode step at S = 8k, batch 1 ... the largest that fits (>= 64), and at
                  batch 1 for S = 1k ... 128k; bf16, fp8 and int8 caches; the step replayed as
                  a CUDA graph (labkit.decode_paths: each point's "kernels" says "triton+graph",

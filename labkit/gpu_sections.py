@@ -449,6 +449,6 @@ def sweep_point(run: Run, model, where: dict, footprint_bytes: float, predict, m
         point.update(datasheet_predicted_time_s=predicted_s,
                      datasheet_roof_fraction=roofline.time_roof_fraction(predicted_s, point["time_s"]))
     run.log(f"  measured {format_seconds(point['time_s'])} = {point['roof_fraction']:.2f} of the calibrated roof "
-            f"({point['bound']}-bound), {point['tokens_per_s']:,.0f} tokens/s"
+            f"({point['bound']}-bound), {point['tokens_per_s']:,.0f} tokens/s, kernels {point['kernels']}"
             + (f"; {HOST_BOUND_NOTE}" if point.get("host_bound") else ""))
     return point

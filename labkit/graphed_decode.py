@@ -13,38 +13,27 @@ the decode kernel's grid follows the cache's capacity, not the current length. S
 serves every later step of the same cache; a new cache (`setup_cache`) is captured anew. The
 host mirror of the lengths still advances outside the graph (`KVCache.advance`).
 
-Safety, since a wrong graph would be a silent wrong answer: capture comes after eager warm-up
-steps on a side stream (Triton autotunes there, never during capture); the first replay must
-equal an eager step from the same state; any error or mismatch turns graphs off for the model,
-which then runs eagerly, with the reason in `reason` (a decode point's decode_reason).
-LABKIT_CUDA_GRAPHS=0 turns them off. Not on the CPU (no graphs) nor for the torch ops.
+Capture (`cuda_graphs.capture`) follows eager warm-up steps and is kept only if its first replay
+equals an eager step from the same state; otherwise graphs are turned off for the model, which then
+runs eagerly, with the reason in `reason` (a decode point's decode_reason). LABKIT_CUDA_GRAPHS=0
+turns them off. Not on the CPU (no graphs) nor for the torch ops.
 
 Shapes: tokens [B] int64 (a static copy is replayed); logits [B, V] fp32, cloned per step.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from . import cuda_graphs
 from .kvcache import DecodePlan
 
-cuda = torch.cuda  # the graph API, one name so a test can stand in for it on a CPU
 WARMUP_STEPS = 3  # eager steps before capture: autotuning, lazy allocations, cuBLAS/Triton caches
-# Replay against the eager step it captured: the same kernels on the same inputs, so equal but for
-# the order of a few atomics-free reductions; a baked-in host number would differ by O(1).
-MATCH_TOLERANCE = dict(rtol=1e-3, atol=1e-3)
 
 
 def applies(model) -> tuple[bool, str]:
-    """(capture the decode step?, why): CUDA with the Triton ops, unless LABKIT_CUDA_GRAPHS=0."""
-    if model.device.type != "cuda":
-        return False, "no CUDA graph (not on CUDA)"
-    if model.ops.name != "triton":
-        return False, f"no CUDA graph ({model.ops.name} ops)"
-    if os.environ.get("LABKIT_CUDA_GRAPHS") == "0":
-        return False, "no CUDA graph (LABKIT_CUDA_GRAPHS=0)"
-    return True, "decode step as a CUDA graph once captured"
+    """(capture the decode step?, why): `cuda_graphs.allowed`."""
+    ok, why_not = cuda_graphs.allowed(model)
+    return ok, "decode step as a CUDA graph once captured" if ok else why_not
 
 
 def device_plan(cache) -> DecodePlan:
@@ -90,12 +79,10 @@ class GraphedDecode:
         key = self._key(tokens, cache)
         if key != self.key:
             self.release()  # free the old graph's memory first
-            try:
-                self._capture(tokens, cache)
-            except Exception as err:  # noqa: BLE001 - fall back to the eager step, and say why
-                self._turn_off(f"capture failed: {type(err).__name__}: {err}".splitlines()[0])
-                return None
-            if self.off:
+            self.tokens = tokens.clone()
+            self.graph, self.logits, why_not = cuda_graphs.capture(lambda: self._body(cache), WARMUP_STEPS)
+            if why_not:  # the warm-up steps rewrote the same positions: the cache state is unchanged
+                self._turn_off(why_not)
                 return None
             self.key = key
         self.tokens.copy_(tokens)
@@ -117,24 +104,6 @@ class GraphedDecode:
         """The step as captured: positions and attended lengths from the device, the cache's
         capacity as the longest row (`device_plan`)."""
         return self.model.decode_layers(self.tokens, cache, device_plan(cache))
-
-    def _capture(self, tokens, cache):
-        self.tokens = tokens.clone()
-        side = cuda.Stream()  # warm-up off the default stream, as CUDA graph capture requires
-        side.wait_stream(cuda.current_stream())
-        with cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                eager = self._body(cache)  # rewrites the same positions: the cache state is unchanged
-        cuda.current_stream().wait_stream(side)
-        graph = cuda.CUDAGraph()
-        with cuda.graph(graph):
-            self.logits = self._body(cache)
-        graph.replay()
-        if not torch.allclose(self.logits, eager, **MATCH_TOLERANCE):
-            worst = (self.logits - eager).abs().max().item()
-            self._turn_off(f"the replayed step differs from the eager one by up to {worst:.3g}")
-            return
-        self.graph = graph
 
     def _turn_off(self, why: str):
         self.release()

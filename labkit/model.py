@@ -21,7 +21,8 @@ x += down(silu(gate(n(x))) * up(n(x))). q/k/v are one fused matrix `wqkv` and ga
 
 What runs each operation is chosen once, at construction: `ops` (torch on the CPU, the lab's
 Triton kernels on CUDA) and `decode_paths` (how a decode step is issued: the CPU step on a CPU in
-fp32, a replayed CUDA graph on CUDA, else this file's `decode_layers`). Issued as torch calls, a
+fp32, a replayed CUDA graph on CUDA, else this file's `decode_layers`); on CUDA a prefill that
+comes again is replayed as a CUDA graph too (`graphed_prefill`, else `prefill_layers`). Issued as torch calls, a
 CPU decode step stays below the memory's bandwidth for fixed costs — hundreds of small calls, a
 few-row product's packing of the weight at every call, a compact cache widened before it is read
 — which is why the CPU step (`cpu_decode`, with `cpu_linear` and `cpu_kernels`) exists.
@@ -39,6 +40,7 @@ from .clock import OFF
 from .decode_paths import choose_decode_path
 from .dtypes import COMPUTE_DTYPES, torch_dtype, with_article
 from .errors import LabError
+from .graphed_prefill import GraphedPrefill
 from .kvcache import DecodePlan, KVCache
 from .layer_math import rope_angles, rope_inverse_frequencies, rotate_qkv, swiglu
 from .ops import TritonOps, choose_ops
@@ -102,6 +104,7 @@ class Llama(nn.Module):
         self._init_weights(seed, dtype)
         self.cache = self.make_cache(batch, max_tokens, cache_dtype, check=False)  # checked above
         self.decode_path = choose_decode_path(self)
+        self.prefill_graph = GraphedPrefill(self)
         self.clock = OFF
 
     def _init_weights(self, seed, dtype):
@@ -150,6 +153,7 @@ class Llama(nn.Module):
         counts as free (`setup_cache` makes a new one)."""
         self.cache = None
         self.decode_path.release()
+        self.prefill_graph.release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -248,8 +252,21 @@ class Llama(nn.Module):
         return self._prefill(tokens, cache, start, slice(slot, slot + 1))[0]
 
     def _prefill(self, tokens, cache, start, rows):
-        P, clock = tokens.shape[1], self.clock
+        """`prefill_layers` (by replay where `prefill_graph` has it), then the rows' new lengths."""
+        P = tokens.shape[1]
         _check_prefill(cache, P, start, rows)
+        logits = self.prefill_graph.run(tokens, cache, start, rows)
+        if logits is None:
+            logits = self.prefill_layers(tokens, cache, start, rows)
+        cache.set_lengths(start + P, rows)
+        return logits
+
+    def prefill_layers(self, tokens, cache: KVCache, start: int, rows: slice) -> torch.Tensor:
+        """The prefill's arithmetic, layer by layer with `ops`: tokens [b, P] -> the last position's
+        logits [b, V], writing positions start .. start + P - 1 of cache rows `rows` (and reading
+        back the cached prefix when start > 0). The lengths are the caller's to set (`_prefill`;
+        `graphed_prefill` captures this)."""
+        P, clock = tokens.shape[1], self.clock
         with clock.time("other"):
             positions = torch.arange(start, start + P, device=self.device)  # [P] absolute
             rope = rope_angles(positions, self.rope_inv_freq)
@@ -265,7 +282,6 @@ class Llama(nn.Module):
                 attn = self.ops.prefill_attention(q, k, v)
             last = i + 1 == len(self.layers)  # then the final norm, of the last position only (_logits)
             x, normed = self._finish_layer(layer, x, attn, None if last else self._next_norm(i))
-        cache.set_lengths(start + P, rows)
         return self._logits(x[:, -1])  # only the last position: see the module docstring
 
     # -------------------------------------------------------------- decode

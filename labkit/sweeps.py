@@ -123,7 +123,8 @@ def _point(phase, model: Llama, timing, flops, bytes_moved, work=None, **shape) 
     return {
         "phase": phase, "device": device, "device_name": backend.device_name(device),
         "hardware": hardware.name, "model": model.spec.name, **shape, "compute_dtype": dtype,
-        "kernels": model.decode_path.name if phase == "decode" else model.ops.name,
+        # what ran the timed calls: the decode path's name, or the ops' ("+graph" for a replayed prefill)
+        "kernels": model.decode_path.name if phase == "decode" else model.prefill_graph.name,
         "time_s": timing.estimate_s, "estimator": timing.estimator, "time_median_s": timing.median_s,
         "time_min_s": timing.min_s, "time_max_s": timing.max_s, "spread": timing.spread, "noisy": timing.noisy,
         "samples": len(timing.samples_s), "flops": flops, "bytes": bytes_moved,
@@ -163,7 +164,7 @@ def measure_prefill(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int =
     point = _point("prefill", built, timing, flops, bytes_moved, prompt_tokens=prompt_tokens,
                    batch=batch, cache_dtype=cache_dtype)
     point.update(counting=f"{counting.attention}/{counting.params}",
-                 tokens_per_s=batch * prompt_tokens / timing.estimate_s)
+                 tokens_per_s=batch * prompt_tokens / timing.estimate_s, prefill_reason=built.prefill_graph.reason)
     return point
 
 

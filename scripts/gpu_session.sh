@@ -5,13 +5,14 @@
 #
 #   LABKIT_GIT_COMMIT=<sha, written out from your checkout> bash scripts/gpu_session.sh "$OUT"
 #
-#   1. pytest: the model's and graphed decode's GPU tests (<= 90 s), then every kernel test compiled
+#   1. pytest: the model's and the CUDA graphs' GPU tests (<= 90 s), then every kernel test compiled
 #      on the GPU, the new kernels first (<= 150 s): what Triton's interpreter cannot check here
-#      (bf16, in-kernel fp8 casts, the CUDA graph); both into one log
+#      (bf16, in-kernel fp8 casts, the CUDA graphs); both into one log
 #   2. scripts/gpu_tune.py --parts step,attention: the 8B's decode step fused and unfused, its
 #      profile by kernel, decode attention's tiles with and without SCALE_V          <= 160 s
-#   3. python -m labkit.gpu_check --only correctness,kernels,decode_sweep: every kernel against
-#      torch at real sizes, the kernels' timings, the 8B's decode sweep              <= 160 s
+#   3. python -m labkit.gpu_check --only correctness,kernels,decode_sweep,prefill_sweep: every kernel
+#      against torch at real sizes, the kernels' timings, the 8B's decode sweep, then its prefill
+#      sweep from 512 tokens up (the short prompts replayed as a CUDA graph) as the budget allows  <= 160 s
 #
 # The machine's copy of the repository carries a stale .git, so the commit is given, never asked of
 # git there (data/recordings/logs/README.md). Needs torch, triton and numpy; pytest if it is there.
@@ -37,7 +38,8 @@ dry=()
 if [ "${DRY:-0}" != 1 ] && "$py" -c "import pytest" 2>/dev/null; then
     # the model's and the graph's tests that need a GPU (short, so first); then every kernel test,
     # compiled on the GPU (81 of them took 81 s there at 2dacd5b; flash's autotune adds to it)
-    step pytest-gpu 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_model.py tests/test_graphed_decode.py
+    step pytest-gpu 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_model.py tests/test_graphed_decode.py \
+        tests/test_graphed_prefill.py
     step pytest-gpu 150 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_add_rms_norm.py \
         tests/test_kernels_rope_store.py tests/test_kernels_decode_attention.py tests/test_kernels_kv_quant.py \
         tests/test_kernels_matmul.py tests/test_kernels_flash_attention.py
@@ -45,4 +47,4 @@ else
     echo "[gpu_session] pytest-gpu: skipped (DRY=1, or no pytest here)"
 fi
 step gpu-tune 160 "$py" scripts/gpu_tune.py --out "$out" --budget-s 135 --parts step,attention "${dry[@]}"
-step gpu-check 160 "$py" -m labkit.gpu_check --out "$out" --only correctness,kernels,decode_sweep --budget-s 135 "${dry[@]}"
+step gpu-check 160 "$py" -m labkit.gpu_check --out "$out" --only correctness,kernels,decode_sweep,prefill_sweep --budget-s 135 "${dry[@]}"

@@ -1,7 +1,6 @@
 """labkit.graphed_decode: the step it captures equals the eager step (on the CPU, in Triton's
 interpreter), its capture/replay/fallback logic with a stand-in for torch.cuda, and on a GPU the
 real graph against the eager step."""
-import contextlib
 import os
 import shutil
 
@@ -11,9 +10,11 @@ if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from labkit import decode_paths, graphed_decode  # noqa: E402
+from labkit import cuda_graphs, decode_paths, graphed_decode  # noqa: E402
 from labkit.model import Llama  # noqa: E402
 from labkit.specs import get_model  # noqa: E402
+
+from graph_util import FakeCuda  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -37,36 +38,6 @@ def two_models(cache_dtype="fp32", mixed=True, kernels="torch"):
     return models
 
 
-class FakeCuda:
-    """torch.cuda's graph API on a CPU: streams do nothing; "capture" runs the body once;
-    replay does nothing, so a replay returns what the capture computed."""
-
-    class Stream:
-        def wait_stream(self, other):
-            pass
-
-    class CUDAGraph:
-        replays = 0
-
-        def replay(self):
-            FakeCuda.CUDAGraph.replays += 1
-
-    def __init__(self, fail_capture=False):
-        self.fail_capture = fail_capture
-
-    def current_stream(self):
-        return FakeCuda.Stream()
-
-    def stream(self, stream):
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def graph(self, graph):
-        if self.fail_capture:
-            raise RuntimeError("operation not permitted when stream is capturing\nmore")
-        yield
-
-
 @pytest.mark.parametrize("kernels, cache_dtype, mixed", [
     pytest.param("triton", "fp32", True, marks=pytest.mark.triton),
     pytest.param("triton", "int8", False, marks=pytest.mark.triton),
@@ -87,7 +58,7 @@ def test_the_captured_formulation_equals_the_eager_step(kernels, cache_dtype, mi
 
 
 def test_capture_then_replay_with_the_model_bookkeeping(monkeypatch):
-    monkeypatch.setattr(graphed_decode, "cuda", FakeCuda())
+    monkeypatch.setattr(cuda_graphs, "cuda", FakeCuda())
     graphed, eager = two_models()
     graphed.decode_path = graphed_decode.GraphedDecode(graphed)
     step = tokens_for(20, 3)
@@ -110,7 +81,7 @@ def test_capture_then_replay_with_the_model_bookkeeping(monkeypatch):
 def test_a_graph_belongs_to_the_cache_it_was_captured_for(monkeypatch):
     """A step on another cache passed in is captured anew (its addresses differ); each cache's
     step still equals the eager one's."""
-    monkeypatch.setattr(graphed_decode, "cuda", FakeCuda())
+    monkeypatch.setattr(cuda_graphs, "cuda", FakeCuda())
     graphed, eager = two_models()
     graphed.decode_path = graphed_decode.GraphedDecode(graphed)
     other, other_eager = graphed.make_cache(2, 16, "fp32"), eager.make_cache(2, 16, "fp32")
@@ -127,7 +98,7 @@ def test_a_graph_belongs_to_the_cache_it_was_captured_for(monkeypatch):
 
 
 def test_a_failed_capture_falls_back_to_the_eager_step_and_says_why(monkeypatch):
-    monkeypatch.setattr(graphed_decode, "cuda", FakeCuda(fail_capture=True))
+    monkeypatch.setattr(cuda_graphs, "cuda", FakeCuda(fail_capture=True))
     graphed, eager = two_models()
     graphed.decode_path = graphed_decode.GraphedDecode(graphed)
     for i in range(2):
@@ -145,12 +116,12 @@ def test_a_replay_that_differs_from_the_eager_step_turns_graphs_off(monkeypatch)
             self.calls += 1
             return super()._body(cache) + (1.0 if self.calls == graphed_decode.WARMUP_STEPS + 1 else 0.0)
 
-    monkeypatch.setattr(graphed_decode, "cuda", FakeCuda())
+    monkeypatch.setattr(cuda_graphs, "cuda", FakeCuda())
     graphed, eager = two_models()
     graphed.decode_path = BakedIn(graphed)
     step = tokens_for(40, 3)
     torch.testing.assert_close(graphed.decode_step(step), eager.decode_step(step), atol=1e-5, rtol=1e-5)
-    assert graphed.decode_path.off.startswith("the replayed step differs from the eager one")
+    assert graphed.decode_path.off.startswith("the replay differs from the eager run")
     assert graphed.decode_path.graph is None and graphed.decode_path.name == "torch"
 
 

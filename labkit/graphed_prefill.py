@@ -1,0 +1,100 @@
+"""A CUDA prefill as a CUDA graph, captured when the same prefill comes again, replayed after that.
+
+Why it exists: eagerly, a prefill of the 8B issues ~16 kernel launches and torch ops a layer, ~550
+a prefill. On the H200 the recorded prefill of 512 tokens took 53.7 ms and of 1,024 tokens 56.4 ms,
+against 9.6 and 19.5 ms predicted, both flagged host-bound (the GPU waited for Python to launch its
+work; `data/recordings/prefill_sweep-h200-20261204-1813.json`), while from 2,048 tokens on, where
+the GPU's own work outlasts its launcher, every point ran at 0.54-0.55 of the roof. So a learner's
+short prompt measured the host, not the compute-bound phase the lesson is about. A replayed graph
+issues the whole prefill in one call.
+
+Which prefills: unlike a decode step (`graphed_decode`), a prefill bakes host numbers into its
+kernels (where the chunk starts, which rows, how many tokens), so a graph serves only the very same
+call again: a timing loop's repeats (the sweeps, a lesson's slider), not chunked prefill's
+successive chunks nor continuous batching's slots, which keep running eagerly. So a call is
+captured the second time its key comes in a row (the first ran eagerly, autotuning and allocating
+as it went), and only if it has at most MAX_TOKENS tokens: past that the GPU's work outlasts its
+launches, and a capture would cost two more prefills and the graph's memory for nothing.
+
+Capture, its check against the eager run and the fallback are `cuda_graphs.capture`'s; a graph
+that fails or differs turns prefill graphs off for the model, with the reason in `reason`. The
+cache lengths are the caller's to set, outside the graph (`Llama._prefill`). The body rewrites the
+same positions with the same values at every run, so warm-up and capture leave the cache as one
+prefill would.
+
+Shapes: tokens [B, P] int64 (a static copy is replayed); logits [B, V] fp32, cloned per call.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import cuda_graphs
+from .clock import OFF
+
+# Tokens (B x P) up to which a repeated prefill is captured. The 8B on the H200 waited for its host
+# at 512 and 1,024 tokens (~54 ms of launching), not at 2,048 (73 ms of GPU work, the launches
+# hidden behind it); this bound covers the crossover with room for a slower host or a smaller model.
+MAX_TOKENS = 4096
+WARMUP_RUNS = 1  # eager runs on the side stream before capture: the first call already warmed up
+
+
+class GraphedPrefill:
+    """`run(tokens, cache, start, rows)` -> a prefill's logits by replay, or None for "run it
+    eagerly" (`Llama._prefill` then does). `name` says what ran the last prefill (the ops' name,
+    "+graph" when it was a replay), `reason` why."""
+
+    def __init__(self, model):
+        self.model = model
+        self.allowed, self.not_allowed = cuda_graphs.allowed(model)
+        self.key = None  # what the graph was captured for
+        self.seen = None  # the last key run eagerly: the same key next is captured
+        self.graph = self.tokens = self.logits = None
+        self.replayed = False  # whether the last prefill was a replay
+        self.off = None  # why graphs were turned off, once they were
+
+    @property
+    def name(self) -> str:
+        return self.model.ops.name + ("+graph" if self.replayed else "")
+
+    @property
+    def reason(self) -> str:
+        if not self.allowed:
+            return f"eager prefill: {self.not_allowed}"
+        if self.off:
+            return f"eager prefill: CUDA graph off, {self.off}"
+        return (f"a prefill of up to {MAX_TOKENS:,} tokens is captured as a CUDA graph when it comes again, "
+                "then replayed")
+
+    def run(self, tokens: torch.Tensor, cache, start: int, rows: slice) -> torch.Tensor | None:
+        self.replayed = False
+        if not self.allowed or self.off or self.model.clock is not OFF:
+            return None  # (the breakdown's clock times each part: eager)
+        key = self._key(tokens, cache, start, rows)
+        if key != self.key:
+            self.release()  # free the old graph's memory before this prefill allocates its own
+            if key != self.seen or tokens.numel() > MAX_TOKENS:
+                self.seen = key
+                return None
+            self.tokens = tokens.clone()
+            self.graph, self.logits, why_not = cuda_graphs.capture(
+                lambda: self.model.prefill_layers(self.tokens, cache, start, rows), WARMUP_RUNS)
+            if why_not:
+                self.release()
+                self.off = why_not
+                return None
+            self.key = key
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        self.replayed = True
+        return self.logits.clone()  # the next replay overwrites the static output
+
+    def release(self):
+        """Drop the graph and its memory (a new prefill, or the model's cache being replaced or freed)."""
+        self.graph = self.tokens = self.logits = self.key = None
+
+    @staticmethod
+    def _key(tokens, cache, start, rows) -> tuple:
+        """What the graph bakes in: the tokens' shape, where the chunk starts, the rows, and the
+        address, shape and dtype of every cache tensor it writes or reads back."""
+        return (tuple(tokens.shape), start, (rows.start, rows.stop, rows.step), cache.cache_dtype,
+                tuple(cache.k.shape), tuple(t.data_ptr() if t is not None else None for t in cache.tensors()))
