@@ -33,15 +33,18 @@ prefill, bytes in a decode step) and rate R (the peak, or the bandwidth),
 W / (T R) = sum over parts of (t_part / T) x (W_part / (t_part R)): each part's share of the time
 times its own fraction of the rate.
 
-CPU only for now: on CUDA a host bracket times a kernel's launch, not the GPU's work, and the
-decode step is one replayed CUDA graph with no parts to bracket; CUDA is refused with a one-line
-reason rather than answered with launch times.
+On CUDA a host bracket would time a kernel's launch, not the GPU's work, and the decode step is one
+replayed CUDA graph with no parts to bracket. There the step is timed whole as `sweeps` times it
+(CUDA events, the median), and its parts are the GPU's own time in each kernel over PROFILED_STEPS
+steps, from torch's profiler (`gpu_profile`), each kernel in a category by its name; the overhead
+is the rest of the whole: time the GPU spent between kernels, waiting for work to be launched.
+The step runs as it always does (a replayed graph), so `step_form` says that and the hook costs 0.
 """
 from __future__ import annotations
 
 import torch
 
-from . import backend, calibrate, roofline, sweeps
+from . import backend, calibrate, gpu_profile, measure, roofline, sweeps
 from .clock import CALL_BY_CALL, CATEGORIES, OFF, Clock
 from .errors import LabError
 from .specs import ModelSpec
@@ -53,8 +56,10 @@ WHAT = {"products": "the weight matrices' products (q/k/v, o, gate/up, down, the
         "attention": "attention over the keys and values",
         "other": "norms, RoPE, SiLU, residual adds, cache writes, the embedding",
         "overhead": "what no part brackets: Python between the calls, dispatch, thread hand-offs"}
-CUDA_REFUSED = ("the breakdown runs on the CPU path only for now: it times each part on the host, and on CUDA "
-                "that would time kernel launches, not the GPU's work (set LABKIT_DEVICE=cpu or pass --device cpu)")
+WHAT_ON_CUDA = {**WHAT, "overhead": "the GPU idle between kernels, waiting for work to be launched"}
+PROFILED_STEPS = 3  # steps under the profiler on CUDA: each kernel's time a step is their mean
+CPU_FORM = "call by call (the parts bracketed one by one)"
+CUDA_FORM = "as it runs, each part the GPU time of its kernels (torch's profiler)"
 
 
 # ------------------------------------------------------------------ one step, split
@@ -65,12 +70,12 @@ def prefill_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, prompt_toke
     (cache in the compute dtype unless `cache_dtype` is given); `budget_s` shortens the timing
     (default `sweeps.CPU_BUDGET_S`)."""
     budget_s = _budget(budget_s)
-    built = _cpu_model(model, device)
+    built = sweeps.get_built_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
     sweeps.check_shape(spec, batch, prompt_tokens, "prompt_tokens", low=1)
     cache_dtype = cache_dtype or dtype
     sweeps.ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
-    tokens = _random_tokens(spec, (batch, prompt_tokens))
+    tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
     timings = _time_parts(built, lambda: built.prefill(tokens), lambda: None, budget_s)
     work = roofline.prefill_work_by_category(spec, prompt_tokens, batch, dtype, cache_dtype)
     working_set = roofline.prefill_bytes(spec, prompt_tokens, batch, dtype, cache_dtype, roofline.KERNEL.params)
@@ -83,13 +88,13 @@ def decode_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, batch: int =
     """Time one decode step of `batch` sequences over `context_tokens` cached tokens each (the
     cache filled with random values, as `sweeps.measure_decode` does) whole and in parts."""
     budget_s = _budget(budget_s)
-    built = _cpu_model(model, device)
+    built = sweeps.get_built_model(model, device)
     spec, dtype = built.spec, built.compute_dtype
     sweeps.check_shape(spec, batch, context_tokens, "context_tokens", low=0)
     cache = sweeps.ensure_cache(built, batch, context_tokens + 1, cache_dtype, 1)  # no prefill
     if cache.filled_tokens < context_tokens:  # what a real cache holds, read the same way
         cache.fill_random(cache.max_tokens - 1)
-    tokens = _random_tokens(spec, (batch,))
+    tokens = _random_tokens(spec, (batch,), built.device)
 
     def back():  # every timed step appends a token: back to the same context before the next
         cache.set_lengths(context_tokens, active=True)
@@ -124,9 +129,15 @@ def _budget(budget_s: float | None) -> float:
 
 
 def _time_parts(built, step, after, budget_s: float) -> dict:
-    """Timings (the fastest confirmed sample of each) of "whole" (the step as it always runs),
-    "timed" (the same step with the clock hooked in) and each category's parts within it;
-    `after()` runs untimed after every step."""
+    """{"whole": seconds of the step as timed, "timed": of the step with the clock hooked in, each
+    category's seconds, "noisy", "samples", "form", "kernels"}: `_cpu_parts` or `_cuda_parts`.
+    `after()` runs untimed after every step (on CUDA inside the timing, as `sweeps` times a step)."""
+    return (_cuda_parts if built.device.type == "cuda" else _cpu_parts)(built, step, after, budget_s)
+
+
+def _cpu_parts(built, step, after, budget_s: float) -> dict:
+    """The fastest confirmed sample of "whole" (the step called one by one, as timed below),
+    "timed" (the same step with the clock hooked in) and each category's parts within it."""
     def sample() -> dict[str, float]:
         built.clock = CALL_BY_CALL  # the same calls as the timed run (no one-call CPU step)
         try:
@@ -143,7 +154,25 @@ def _time_parts(built, step, after, budget_s: float) -> dict:
         after()
         return {"whole": whole_s, "timed": timed_s, **clock.seconds}
 
-    return sample_until_stable(sample, budget_s, sweeps.CPU_MAX_BUDGET_S, max_samples=sweeps.CPU_MAX_SAMPLES)
+    timings = sample_until_stable(sample, budget_s, sweeps.CPU_MAX_BUDGET_S, max_samples=sweeps.CPU_MAX_SAMPLES)
+    return {**{name: t.estimate_s for name, t in timings.items()}, "noisy": any(t.noisy for t in timings.values()),
+            "samples": len(timings["whole"].samples_s), "form": CPU_FORM, "kernels": None}
+
+
+def _cuda_parts(built, step, after, budget_s: float) -> dict:
+    """The step whole as `sweeps` times it on CUDA (events, the median), and its parts as the GPU's
+    time in each category's kernels (`gpu_profile`, PROFILED_STEPS steps). `budget_s` is the CPU's."""
+    def run():
+        step()
+        after()
+
+    whole = measure.time_fn(run, "cuda", sweeps.CUDA_WARMUP, sweeps.CUDA_REPEATS, sweeps.CUDA_BUDGET_S)
+    seconds, kernels = gpu_profile.seconds_by_category(run, PROFILED_STEPS)
+    if not kernels:
+        raise LabError("torch's profiler recorded no GPU kernels here (CUPTI missing, or not allowed to read the "
+                       "GPU's counters), so the step cannot be split; measure it whole with `measure`")
+    return {"whole": whole.estimate_s, "timed": whole.estimate_s, **{c: seconds.get(c, 0.0) for c in CATEGORIES},
+            "noisy": whole.noisy, "samples": len(whole.samples_s), "form": CUDA_FORM, "kernels": kernels[:20]}
 
 
 # ------------------------------------------------------------------ the record
@@ -155,16 +184,17 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
     hardware, _ = calibrate.load_or_calibrate(built.device.type)
     roof = roofline.roof_at_working_set(hardware, working_set_bytes)
     rate = roof.peak_flops_per_s(dtype) if measure_by == "flops" else roof.memory_bandwidth_bytes_per_s
-    whole_s = timings["whole"].estimate_s
-    parts_s = sum(timings[c].estimate_s for c in CATEGORIES)
-    seconds = {**{c: timings[c].estimate_s for c in CATEGORIES}, "overhead": max(0.0, whole_s - parts_s)}
+    whole_s = timings["whole"]
+    parts_s = sum(timings[c] for c in CATEGORIES)
+    seconds = {**{c: timings[c] for c in CATEGORIES}, "overhead": max(0.0, whole_s - parts_s)}
+    what = WHAT_ON_CUDA if built.device.type == "cuda" else WHAT
     rows = []
     for part in PARTS:
         flops, nbytes = (work[part]["flops"], work[part]["bytes"]) if part in work else (0, 0)
         roof_s = roofline.roofline_time_s(flops, nbytes, roof, dtype) if part in work else 0.0
         done = flops if measure_by == "flops" else nbytes
         rate_fraction = done / (seconds[part] * rate) if seconds[part] > 0 else 0.0
-        rows.append({"category": part, "name": NAMES[part], "what": WHAT[part], "time_s": seconds[part],
+        rows.append({"category": part, "name": NAMES[part], "what": what[part], "time_s": seconds[part],
                      "share": seconds[part] / whole_s, "flops": flops, "bytes": nbytes, "roof_time_s": roof_s,
                      "bound": roofline.bound_by(flops, nbytes, roof, dtype) if part in work else None,
                      "roof_fraction": roof_s / seconds[part] if part in work and seconds[part] > 0 else None,
@@ -175,12 +205,12 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
     step_fraction = step_work / (whole_s * rate)
     return {"phase": phase, "device": built.device.type, "device_name": backend.device_name(built.device.type),
             "hardware": hardware.name, "model": built.spec.name, **shape, "compute_dtype": dtype,
-            "kernels": built.decode_path.name if phase == "decode" else built.ops.name,
-            "step_form": "call by call (the parts bracketed one by one)",
-            "time_s": whole_s, "timed_time_s": timings["timed"].estimate_s,
-            "hook_cost_s": timings["timed"].estimate_s - whole_s, "parts_time_s": parts_s,
-            "parts_exceed_whole": parts_s > whole_s, "noisy": any(t.noisy for t in timings.values()),
-            "samples": len(timings["whole"].samples_s), "estimator": "fastest",
+            "kernels": built.decode_path.name if phase == "decode" else built.prefill_graph.name,
+            "step_form": timings["form"],
+            "time_s": whole_s, "timed_time_s": timings["timed"],
+            "hook_cost_s": timings["timed"] - whole_s, "parts_time_s": parts_s,
+            "parts_exceed_whole": parts_s > whole_s, "noisy": timings["noisy"],
+            "samples": timings["samples"], "estimator": "median" if built.device.type == "cuda" else "fastest",
             "working_set_bytes": working_set_bytes, "roof_tier": roofline.memory_tier(working_set_bytes, hardware),
             "roof_bandwidth_bytes_per_s": roof.memory_bandwidth_bytes_per_s,
             "peak_flops_per_s": roof.peak_flops_per_s(dtype),
@@ -194,6 +224,8 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
             "step_fraction": step_fraction,
             "plan_fraction": roofline.CHAPTER_MFU if measure_by == "flops" else roofline.CHAPTER_BANDWIDTH_EFFICIENCY,
             "categories": rows,
+            # CUDA: the 20 longest kernels a step (`gpu_profile`), the parts' makings
+            **({"gpu_kernels": timings["kernels"]} if timings["kernels"] else {}),
             # far from its roof, the bandwidth of its moment, so the line can say whether the calibration
             # or the step was off (`explore.moment_note`): lesson 04's breakdown read "104% of the DRAM
             # bandwidth, products at 119%" with no word on why (2-core EPYC VM)
@@ -202,14 +234,7 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
 
 
 # ------------------------------------------------------------------ set-up
-def _cpu_model(model: ModelSpec | str, device: str | None):
-    """The built model (`sweeps.get_built_model`) on the CPU; CUDA refused before anything is built."""
-    if backend.choose_device(device).device != "cpu":
-        raise LabError(CUDA_REFUSED)
-    return sweeps.get_built_model(model, device)
-
-
-def _random_tokens(spec: ModelSpec, shape) -> torch.Tensor:
-    """Seeded random token ids on the CPU: a step's time does not depend on which tokens."""
-    return torch.randint(0, spec.vocab_size, shape, generator=torch.Generator().manual_seed(0))
+def _random_tokens(spec: ModelSpec, shape, device) -> torch.Tensor:
+    """Seeded random token ids on `device`: a step's time does not depend on which tokens."""
+    return torch.randint(0, spec.vocab_size, shape, generator=torch.Generator().manual_seed(0)).to(device)
 

@@ -389,6 +389,9 @@ def _print_human(command: str, result: dict):
     elif command == "breakdown":
         _print_rows(result["categories"], ["name", "time_s", "share", "roof_time_s", "roof_fraction", "flops",
                                            "bytes", "contributed_fraction"])
+        if result.get("gpu_kernels"):  # CUDA: the kernels the parts are made of, the longest first
+            _print_rows([{**k, "name": k["name"][:72]} for k in result["gpu_kernels"]],
+                        ["name", "category", "time_s", "calls_per_step"])
         _print_pairs({k: v for k, v in result.items() if k != "summary"})
         print(result["summary"])
     else:

@@ -5,7 +5,7 @@
 #
 #   LABKIT_GIT_COMMIT=<sha, written out from your checkout> bash scripts/gpu_session.sh "$OUT"
 #
-#   1. pytest: the model's and the CUDA graphs' GPU tests (<= 90 s), then every kernel test compiled
+#   1. pytest: the model's, the CUDA graphs' and the GPU breakdown's GPU tests (<= 90 s), then every kernel test compiled
 #      on the GPU, the new kernels first (<= 150 s): what Triton's interpreter cannot check here
 #      (bf16, in-kernel fp8 casts, the CUDA graphs); both into one log
 #   2. scripts/gpu_tune.py --parts step,attention: the 8B's decode step fused and unfused, its
@@ -39,7 +39,7 @@ if [ "${DRY:-0}" != 1 ] && "$py" -c "import pytest" 2>/dev/null; then
     # the model's and the graph's tests that need a GPU (short, so first); then every kernel test,
     # compiled on the GPU (81 of them took 81 s there at 2dacd5b; flash's autotune adds to it)
     step pytest-gpu 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_model.py tests/test_graphed_decode.py \
-        tests/test_graphed_prefill.py
+        tests/test_graphed_prefill.py tests/test_breakdown.py
     step pytest-gpu 150 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_add_rms_norm.py \
         tests/test_kernels_rope_store.py tests/test_kernels_decode_attention.py tests/test_kernels_kv_quant.py \
         tests/test_kernels_matmul.py tests/test_kernels_flash_attention.py

@@ -1,15 +1,16 @@
 """labkit.breakdown and its hook (labkit.clock): the parts of a real step add up to the whole, the
 hook changes no result, the roof beside each part is roofline's, and the CLI, the sentence and
 the chart read the record."""
-import dataclasses
 import json
 import math
+import re
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from labkit import backend, breakdown, calibrate, cli, explore, sweeps
+from labkit import backend, breakdown, calibrate, cli, explore, gpu_profile, measure, sweeps
 from labkit import model as model_module
 from labkit import roofline as r
 from labkit.clock import CATEGORIES, OFF, Clock
@@ -18,6 +19,7 @@ from labkit.decode_paths import EagerDecode
 from labkit.errors import LabError
 from labkit.model import Llama
 from labkit.specs import BYTES_PER_ELEMENT, HardwareSpec, get_model
+from labkit.timing import Timing
 
 TINY, LAB = get_model("lab-tiny"), get_model("lab-cpu")
 # A stand-in for this machine's calibration (~10 s): a CPU's shape, with a roof that falls from a
@@ -186,13 +188,92 @@ def test_overhead_is_what_the_parts_leave_out(fake_roof, monkeypatch):
     assert b["parts_time_s"] < pause_s / 2 < rows["overhead"]["share"] * b["time_s"]
 
 
-def test_cuda_is_refused_before_any_model_is_built(monkeypatch):
-    monkeypatch.setattr(backend, "choose_device", lambda device=None: dataclasses.make_dataclass(
-        "Chosen", ["device"])("cuda"))
-    monkeypatch.setattr(sweeps, "get_built_model", lambda *a, **k: pytest.fail("built a model"))
-    for measure in (breakdown.prefill_breakdown, breakdown.decode_breakdown):
-        with pytest.raises(LabError, match="CPU path only"):
-            measure("lab-tiny")
+# ------------------------------------------------------------------ on CUDA: the profiler's kernel times
+# Kernel names as the H200 profiled the 8B's graphed decode step (gpu-tune-h200-20261204-1751.json),
+# then cuBLAS's and torch SDPA's (the torch ops on a GPU) and the lab's flash attention
+KERNEL_NAMES = {
+    "_matmul_split_k_kernel": "products", "_split_k_sum_kernel": "products", "_matmul_kernel": "products",
+    "_decode_split_kernel": "attention", "_decode_combine_kernel": "attention", "_flash_attention_kernel": "attention",
+    "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, true>(int, float, c":
+        "other",
+    "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::index_put_kernel_im":
+        "other",
+    "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::addcmul_cuda_kernel": "other",
+    "void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous namespace)::silu_kernel(at::TensorIte":
+        "other",
+    "Memcpy DtoD (Device -> Device)": "other", "memcpy32_post": "other",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas":
+        "products",
+    "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTN": "products",
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>>":
+        "attention",
+    "fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t>)": "attention",
+}
+
+
+@pytest.mark.parametrize("name, category", KERNEL_NAMES.items())
+def test_each_gpu_kernel_falls_into_its_category_by_name(name, category):
+    assert gpu_profile.category_of(name) == category
+
+
+def cuda_stand_in(monkeypatch, kernel_seconds):
+    """A model that says it is on CUDA (it never runs), CUDA events' median of 11 ms for the whole
+    step, and a profiler that found `kernel_seconds` ({category: seconds a step})."""
+    built = SimpleNamespace(device=torch.device("cuda"), compute_dtype="fp32", spec=TINY,  # (the stand-in roof's dtype)
+                            decode_path=SimpleNamespace(name="triton+graph"), prefill_graph=SimpleNamespace(name="triton"))
+    ran = []
+
+    def time_fn(fn, device, warmup, repeats, budget_s):
+        fn()
+        return Timing((0.010, 0.011, 0.012))
+
+    def profiled(fn, steps):
+        fn()
+        kernels = [{"name": f"a {c} kernel", "category": c, "time_s": t, "calls_per_step": 2.0}
+                   for c, t in kernel_seconds.items()]
+        return dict(kernel_seconds), kernels
+
+    monkeypatch.setattr(measure, "time_fn", time_fn)
+    monkeypatch.setattr(gpu_profile, "seconds_by_category", profiled)
+    monkeypatch.setattr(backend, "device_name", lambda device: "NVIDIA H200")
+    return built, ran
+
+
+def test_on_cuda_the_parts_are_the_gpus_kernel_times_and_the_rest_is_overhead(monkeypatch, fake_roof, capsys):
+    built, ran = cuda_stand_in(monkeypatch, {"products": 0.006, "attention": 0.002, "other": 0.001})
+    timings = breakdown._time_parts(built, lambda: ran.append("step"), lambda: ran.append("after"), QUICK_S)
+    assert ran == ["step", "after"] * 2  # timed whole and profiled, each step followed by `after`
+    work = r.decode_work_by_category(TINY, 1, 16, "fp32", "fp32")
+    b = breakdown._split("decode", built, timings, work, 1 << 20, "bytes", batch=1, context_tokens=16, cache_dtype="fp32")
+    rows = {row["category"]: row for row in b["categories"]}
+    assert b["time_s"] == 0.011 and b["estimator"] == "median" and b["hook_cost_s"] == 0.0
+    assert rows["products"]["time_s"] == 0.006 and rows["attention"]["time_s"] == 0.002 and rows["other"]["time_s"] == 0.001
+    assert rows["overhead"]["time_s"] == pytest.approx(0.002) and "waiting for work to be launched" in rows["overhead"]["what"]
+    assert b["step_form"] == breakdown.CUDA_FORM and b["kernels"] == "triton+graph" and not b["parts_exceed_whole"]
+    assert [k["name"] for k in b["gpu_kernels"]] == ["a products kernel", "a attention kernel", "a other kernel"]
+    assert sum(row["contributed_fraction"] for row in b["categories"]) == pytest.approx(b["step_fraction"])
+    assert explore.breakdown_line(b).startswith("On NVIDIA H200, this decode step at B=1, S=16")
+    cli._print_human("breakdown", {**b, "summary": explore.breakdown_line(b)})  # the kernels, then the record
+    printed = capsys.readouterr().out
+    assert re.search(r"a products kernel +products +6\.00 ms +2\n", printed), printed
+    assert printed.index("a other kernel") < printed.index("phase")
+
+
+def test_on_cuda_a_profiler_that_saw_no_kernel_is_said_not_reported_as_zeros(monkeypatch):
+    built, ran = cuda_stand_in(monkeypatch, {})
+    with pytest.raises(LabError, match="recorded no GPU kernels"):
+        breakdown._time_parts(built, lambda: None, lambda: None, QUICK_S)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_real_gpu_step_splits_into_its_kernels():
+    for b in (breakdown.decode_breakdown("lab-tiny", batch=2, context_tokens=64, cache_dtype="bf16", device="cuda"),
+              breakdown.prefill_breakdown("lab-tiny", prompt_tokens=128, device="cuda")):
+        rows = {row["category"]: row for row in b["categories"]}
+        assert rows["products"]["time_s"] > 0 and rows["attention"]["time_s"] > 0, b["gpu_kernels"]
+        assert b["parts_time_s"] <= 1.1 * b["time_s"], (b["parts_time_s"], b["time_s"])
+        assert any("matmul" in k["name"] for k in b["gpu_kernels"]) and b["step_form"] == breakdown.CUDA_FORM
 
 
 @pytest.mark.parametrize("call, message", [
