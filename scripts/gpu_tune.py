@@ -381,30 +381,22 @@ def torch_elementwise_ops():
 
 
 def profile_step(model: str, device: str, B: int = 1, S: int = 8192) -> list:
-    """GPU time by kernel over 3 decode steps at (B, S, bf16), the 20 largest."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from labkit import sweeps
+    """GPU time by kernel over 3 decode steps at (B, S, bf16), the 20 largest (labkit.gpu_profile)."""
+    from labkit import gpu_profile, sweeps
     built = sweeps.get_built_model(model, device)
     cache = sweeps.ensure_cache(built, B, S + 1, "bf16", 1)
     if cache.filled_tokens < S:
         cache.fill_random(cache.max_tokens - 1)
     cache.set_lengths(S, active=True)
     tokens = sweeps._random_tokens(built.spec, (B,), built.device)
-    built.decode_step(tokens)
-    cache.set_lengths(S, active=True)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            built.decode_step(tokens)
-            cache.set_lengths(S, active=True)
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        rows.append({"name": e.key[:120], "gpu_us_per_step": us / 3, "calls_per_step": e.count / 3})
-    rows.sort(key=lambda r: -r["gpu_us_per_step"])
+
+    def step():  # one token per sequence, then back to the same context
+        built.decode_step(tokens)
+        cache.set_lengths(S, active=True)
+
+    _, kernels = gpu_profile.seconds_by_category(step, steps=3)
+    rows = [{"name": k["name"][:120], "category": k["category"], "gpu_us_per_step": k["time_s"] * 1e6,
+             "calls_per_step": k["calls_per_step"]} for k in kernels]
     total = sum(r["gpu_us_per_step"] for r in rows)
     log(f"profile B={B} S={S}: {total / 1e3:.2f} ms of kernels a step; "
         + "; ".join(f"{r['name'][:40]} {r['gpu_us_per_step'] / 1e3:.2f} ms x{r['calls_per_step']:.0f}" for r in rows[:6]))
