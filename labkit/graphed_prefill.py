@@ -49,7 +49,7 @@ class GraphedPrefill:
         self.key = None  # what the graph was captured for
         self.seen = None  # the last key run eagerly: the same key next is captured
         self.graph = self.tokens = self.logits = None
-        self.replayed = False  # whether the last prefill was a replay
+        self.replayed = self.too_long = False  # whether the last prefill was a replay, or too long for one
         self.off = None  # why graphs were turned off, once they were
 
     @property
@@ -58,21 +58,26 @@ class GraphedPrefill:
 
     @property
     def reason(self) -> str:
+        """Why the last prefill ran as it did."""
         if not self.allowed:
             return f"eager prefill: {self.not_allowed}"
         if self.off:
             return f"eager prefill: CUDA graph off, {self.off}"
-        return (f"a prefill of up to {MAX_TOKENS:,} tokens is captured as a CUDA graph when it comes again, "
-                "then replayed")
+        if self.replayed:
+            return "prefill replayed as a CUDA graph (captured when the same prefill came again)"
+        if self.too_long:
+            return (f"eager prefill: over {MAX_TOKENS:,} tokens, the GPU's work outlasts its launches "
+                    "(no CUDA graph)")
+        return "eager prefill: a CUDA graph is captured when the same prefill comes again"
 
     def run(self, tokens: torch.Tensor, cache, start: int, rows: slice) -> torch.Tensor | None:
-        self.replayed = False
+        self.replayed, self.too_long = False, tokens.numel() > MAX_TOKENS
         if not self.allowed or self.off or self.model.clock is not OFF:
             return None  # (the breakdown's clock times each part: eager)
         key = self._key(tokens, cache, start, rows)
         if key != self.key:
             self.release()  # free the old graph's memory before this prefill allocates its own
-            if key != self.seen or tokens.numel() > MAX_TOKENS:
+            if key != self.seen or self.too_long:
                 self.seen = key
                 return None
             self.tokens = tokens.clone()

@@ -42,6 +42,7 @@ def test_a_repeated_prefill_is_captured_the_second_time_then_replayed(monkeypatc
     path, replays = graphed.prefill_graph, FakeCuda.CUDAGraph.replays
     torch.testing.assert_close(graphed.prefill(tokens), want)  # first: eager, remembered
     assert path.graph is None and path.name == "torch" and FakeCuda.CUDAGraph.replays == replays
+    assert path.reason == "eager prefill: a CUDA graph is captured when the same prefill comes again"
     torch.testing.assert_close(graphed.prefill(tokens), want)  # second: captured (one checking replay) and replayed
     assert path.graph is not None and path.name == "torch+graph" and FakeCuda.CUDAGraph.replays == replays + 2
     graph = path.graph
@@ -50,7 +51,7 @@ def test_a_repeated_prefill_is_captured_the_second_time_then_replayed(monkeypatc
     # the bookkeeping stays outside the graph: lengths set at every call, the cache as the eager one's
     assert graphed.cache.host_lengths == eager.cache.host_lengths == [6, 6]
     torch.testing.assert_close(graphed.cache.k, eager.cache.k)
-    assert "captured as a CUDA graph when it comes again" in path.reason
+    assert path.reason == "prefill replayed as a CUDA graph (captured when the same prefill came again)"
 
 
 def test_chunked_prefill_and_other_shapes_run_eagerly_and_drop_the_graph(monkeypatch):
@@ -81,6 +82,7 @@ def test_only_prefills_up_to_max_tokens_are_captured(monkeypatch):
         for _ in range(3):
             graphed.prefill(tokens)
         assert (graphed.prefill_graph.graph is not None) == captured, shape
+        assert ("over 8 tokens" in graphed.prefill_graph.reason) != captured, graphed.prefill_graph.reason
 
 
 def test_a_failed_capture_turns_prefill_graphs_off_and_says_why(monkeypatch):
