@@ -36,10 +36,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 dry=()
 [ "${DRY:-0}" = 1 ] && dry=(--dry-run)
 if [ "${DRY:-0}" != 1 ] && "$py" -c "import pytest" 2>/dev/null; then
-    # the model's and the graph's tests that need a GPU (short, so first); then every kernel test,
+    # the model's, the graphs' and the breakdown's tests that need a GPU (short, so first; the newest
+    # first: 12 of the model's and graphs' took 35 s at 400adbb); then every kernel test,
     # compiled on the GPU (81 of them took 81 s there at 2dacd5b; flash's autotune adds to it)
-    step pytest-gpu 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_model.py tests/test_graphed_decode.py \
-        tests/test_graphed_prefill.py tests/test_breakdown.py
+    step pytest-gpu 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_graphed_prefill.py \
+        tests/test_breakdown.py tests/test_model.py tests/test_graphed_decode.py
     step pytest-gpu 150 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_add_rms_norm.py \
         tests/test_kernels_rope_store.py tests/test_kernels_decode_attention.py tests/test_kernels_kv_quant.py \
         tests/test_kernels_matmul.py tests/test_kernels_flash_attention.py
