@@ -49,6 +49,15 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
                           "the attention term grows with the square of the prompt")
 
 
+# On a CPU each P x S matrix plain attention makes is a fresh allocation far past glibc's 32 MiB
+# mmap threshold (`cpu_memory`), so its pages are faulted in and zeroed by the OS as it is written:
+# on the 2-core EPYC VM at P = 8,192 with 2 heads (537 MB of fp32 scores), scaling the scores took
+# 140 ms into a new tensor and 21 ms into an existing one, and Q K^T 339 against 190 ms (fastest of 3,
+# torch 2.13, 2026-12-05). The roofline counts neither that nor the softmax's exponentials.
+CPU_SQUARE_NOTE = ("; on a CPU, each new P × P matrix also lands on fresh pages that the operating system must "
+                   "zero as it is written, and the softmax's exponentials cost time the roofline does not count")
+
+
 def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int, head_dim: int,
                          device: str | None = None) -> dict:
     """Lesson 03: how many times faster the fused (flash) attention call is than plain attention
@@ -64,10 +73,12 @@ def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int
                  / roofline.roofline_time_s(flops, flash_bytes, roof, dtype))
     naive, flash = (attention.time_point(m, tokens, heads, kv_heads, head_dim, dtype, kind.device)
                     for m in ("naive", "flash"))
+    why = ("both do the same FLOPs, and plain attention also writes the P × P scores and reads them back, in "
+           "passes of its own that the roofline prices only as traffic")
+    if kind.device == "cpu":  # what else the square costs a CPU, beyond its traffic
+        why += CPU_SQUARE_NOTE
     return explore.reveal(f"plain attention's time ÷ the fused kernel's at P = {tokens:,} ({heads} heads)", "×",
-                          estimate, predicted, naive["time_s"] / flash["time_s"], naive["device_name"],
-                          "both do the same FLOPs, and plain attention also writes the P × P scores and reads "
-                          "them back, in passes of its own that the roofline prices only as traffic")
+                          estimate, predicted, naive["time_s"] / flash["time_s"], naive["device_name"], why)
 
 
 def reveal_context_slowdown(estimate: float, device: str | None = None) -> dict:

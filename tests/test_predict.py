@@ -97,3 +97,20 @@ def test_a_real_reveal_measures_this_machine():
     assert [name for name, _ in out["rows"]][:2] == ["your estimate", "the formula, on this machine's calibrated roofline"]
     measured = float(out["rows"][2][1].rstrip("×").replace(",", ""))
     assert measured > 1.0  # a long cache makes every step read more
+
+
+@pytest.mark.parametrize("device, note", [("cpu", True), ("cuda", False)])
+def test_the_flash_reveal_names_what_the_square_costs_a_cpu_beyond_its_traffic(monkeypatch, device, note):
+    """Where plain attention runs on a CPU, its P x P matrices also fault in fresh pages (measured: see
+    predict.CPU_SQUARE_NOTE), which the roofline does not price: the reveal says so there only."""
+    from types import SimpleNamespace
+
+    from labkit import attention, backend, calibrate
+    from labkit.specs import get_gpu
+    monkeypatch.setattr(backend, "choose_device", lambda d=None: SimpleNamespace(device=device, compute_dtype="fp32"))
+    monkeypatch.setattr(calibrate, "load_or_calibrate", lambda kind, **kw: (get_gpu("H100-SXM"), {}))
+    times = {"naive": 0.9, "flash": 0.4}
+    monkeypatch.setattr(attention, "time_point", lambda method, *a, **k: {"time_s": times[method], "device_name": "a device"})
+    out = predict.reveal_flash_speedup(3.0, tokens=1024, heads=2, kv_heads=1, head_dim=64)
+    text = " ".join(str(cell) for row in out["rows"] for cell in row) + out.get("line", "") + str(out)
+    assert "2.25×" in text and ("fresh pages that the operating system must zero" in text) == note
