@@ -8,8 +8,10 @@
 #   1. pytest: the model's, the CUDA graphs' and the GPU breakdown's GPU tests (<= 90 s), then every kernel test compiled
 #      on the GPU, the new kernels first (<= 150 s): what Triton's interpreter cannot check here
 #      (bf16, in-kernel fp8 casts, the CUDA graphs); both into one log
-#   2. scripts/gpu_tune.py --parts step,attention: the 8B's decode step fused and unfused, its
-#      profile by kernel, decode attention's tiles with and without SCALE_V          <= 160 s
+#   2. scripts/gpu_tune.py --parts step,attention,prefill: the 8B's decode step fused and unfused,
+#      its profile by kernel, decode attention's tiles with and without SCALE_V, and its prefill at
+#      512 and 2,048 tokens eager and replayed, with the host's profile of the eager one  <= 160 s
+#      (stopped by its timeout, the tuner still writes what it measured)
 #   3. python -m labkit.gpu_check --only correctness,kernels,decode_sweep,prefill_sweep: every kernel
 #      against torch at real sizes, the kernels' timings, the 8B's decode sweep, then its prefill
 #      sweep from 512 tokens up (the short prompts replayed as a CUDA graph) as the budget allows  <= 160 s
@@ -47,5 +49,5 @@ if [ "${DRY:-0}" != 1 ] && "$py" -c "import pytest" 2>/dev/null; then
 else
     echo "[gpu_session] pytest-gpu: skipped (DRY=1, or no pytest here)"
 fi
-step gpu-tune 160 "$py" scripts/gpu_tune.py --out "$out" --budget-s 135 --parts step,attention "${dry[@]}"
+step gpu-tune 160 "$py" scripts/gpu_tune.py --out "$out" --budget-s 135 --parts step,attention,prefill "${dry[@]}"
 step gpu-check 160 "$py" -m labkit.gpu_check --out "$out" --only correctness,kernels,decode_sweep,prefill_sweep --budget-s 135 "${dry[@]}"

@@ -22,7 +22,11 @@ What it does, each part within its share of --budget-s:
   3. the decode step (labkit.sweeps.measure_decode, CUDA graph) at a few points with the
      current tiles, a profile of one step by kernel, the first points again with the residual
      adds, norms, RoPE and cache writes as torch's separate ops (what kernels/add_rms_norm.py and
-     kernels/rope_store.py replaced: "unfused"), then the points with the best tiles.
+     kernels/rope_store.py replaced: "unfused"), then the points with the best tiles;
+  4. the 8B's prefill at P = 512 and 2,048, eagerly (its CUDA graph off) and replayed as one
+     (labkit.graphed_prefill): the host's time to issue an eager prefill beside the GPU's time for
+     it, the kernels it launches, and where the host's time goes (cProfile) — why a short eager
+     prefill waited for its host (lesson 06's chunks still run eagerly).
 Writes one recording `gpu-tune-<device>-<stamp>.json` into DIR (never overwritten) with
 provenance. It changes no file of the lab: the winners become the kernels' defaults by hand,
 citing the recording.
@@ -36,6 +40,7 @@ import functools
 import json
 import math
 import os
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -51,10 +56,27 @@ MATMUL_TILES = ((64, 128, 3, 4), (64, 128, 4, 4), (64, 128, 5, 4), (32, 128, 4, 
 MATMUL_PER_SM = (1, 2, 4, 8)
 ATTENTION_TILES = ((64, 3, 4), (64, 3, 8), (128, 2, 8), (128, 3, 8), (128, 3, 4), (256, 2, 8), (32, 4, 4))
 ATTENTION_PER_SM = (1, 2, 4, 8)
-SHARES = {"matmul": 0.35, "attention": 0.25, "step": 0.40}
+SHARES = {"matmul": 0.35, "attention": 0.25, "step": 0.40, "prefill": 0.15}
 STEP_POINTS = ((1, 8192, "bf16"), (16, 8192, "bf16"), (64, 8192, "bf16"), (16, 8192, "int8"), (16, 8192, "fp8"))
 DRY_STEP_POINTS = ((2, 64, "int8"),)
 UNFUSED_POINTS = 2  # the first STEP_POINTS timed again with torch's elementwise ops (B = 1 and 16)
+# Prompts of the prefill part: 512 measured host-bound eagerly on the H200 (53.7 ms against 9.6
+# predicted, prefill_sweep-h200-20261204-1813.json), 2,048 not (73.4 ms)
+PREFILL_PROMPTS = (512, 2048)
+DRY_PREFILL_PROMPTS = (16,)
+HOST_PROFILE_ROWS = 15  # the functions with the most time of their own in one eager prefill
+
+
+STOPPED = []  # non-empty once SIGTERM came
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: the part running ends here."""
+
+
+def _stop(signum, frame):
+    STOPPED.append(signum)
+    raise Stopped("stopped by SIGTERM (its step's timeout) while running")
 
 
 def log(text: str):
@@ -89,8 +111,15 @@ def main(argv=None) -> int:
         deadlines[part] = start + spent * args.budget_s
     run = SimpleNamespace(device=device, dtype="bf16" if device == "cuda" else "fp16", dry=args.dry_run)
     result = {"device": device, "dtype": run.dtype, "budget_s": args.budget_s}
-    for part, fn in (("matmul", tune_matmul), ("attention", tune_attention), ("step", time_steps)):
+    # `timeout` (gpu_session.sh) stops a run that outlasts its step with SIGTERM: the part then
+    # running ends with an error, no other starts, and the recording still keeps what was measured
+    signal.signal(signal.SIGTERM, _stop)
+    for part, fn in (("matmul", tune_matmul), ("attention", tune_attention), ("step", time_steps),
+                     ("prefill", time_prefill)):
         if part not in parts:
+            continue
+        if STOPPED:
+            result[part] = {"error": "not started: stopped (SIGTERM)"}
             continue
         try:
             result[part] = fn(run, deadlines[part], result)
@@ -361,6 +390,69 @@ def time_steps(run, deadline: float, result: dict) -> dict:
         mm.split_k_plan, da.split_constexprs, da.default_num_splits = original
         da.decode_attention = decode_attention
         fresh()
+    return out
+
+
+def time_prefill(run, deadline: float, _result) -> dict:
+    """Part 4: each prompt's prefill eagerly (host seconds to issue it, GPU seconds by CUDA events,
+    kernels launched, the host's profile) and replayed as a CUDA graph (`sweeps.measure_prefill`)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from labkit import gpu_profile, measure, sweeps
+    spec = model_spec(run)
+    built = sweeps.get_built_model(spec.name, run.device)
+    cuda = run.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out = {"model": spec.name, "points": []}
+    for P in DRY_PREFILL_PROMPTS if run.dry else PREFILL_PROMPTS:
+        if time.perf_counter() > deadline:
+            log(f"prefill P={P}: skipped, budget")
+            break
+        sweeps.ensure_cache(built, 1, P, built.compute_dtype, P)
+        tokens = sweeps._random_tokens(spec, (1, P), built.device)
+        graph, off = built.prefill_graph, built.prefill_graph.off
+
+        def eager():
+            built.prefill(tokens)
+
+        graph.off = "gpu_tune: timed eagerly"  # (a graph already captured stays unused while off)
+        try:
+            eager()
+            sync()
+            host_s = []
+            for _ in range(3):  # the host's time to issue one prefill: no synchronisation inside it
+                start = time.perf_counter()
+                eager()
+                host_s.append(time.perf_counter() - start)
+                sync()
+            gpu = measure.time_fn(eager, run.device, 1, 5, 1.0)
+            kernels = gpu_profile.seconds_by_category(eager, 1)[1] if cuda else []
+            profiler = cProfile.Profile()
+            profiler.enable()
+            eager()
+            profiler.disable()
+            sync()
+        finally:
+            graph.off = off
+        stats = pstats.Stats(profiler)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:HOST_PROFILE_ROWS]  # by own time
+        host_profile = [{"function": f"{os.path.basename(file)}:{line}({name})", "calls": calls,
+                         "own_ms": own * 1e3, "cumulative_ms": cum * 1e3}
+                        for (file, line, name), (_, calls, own, cum, _) in rows]
+        replayed = sweeps.measure_prefill(spec.name, P, 1, run.device)
+        point = {"prompt_tokens": P, "eager_host_s": min(host_s), "eager_time_s": gpu.estimate_s,
+                 "eager_host_bound": gpu.host_bound, "launches": sum(k["calls_per_step"] for k in kernels),
+                 "kernels": kernels[:10], "host_profile": host_profile,
+                 "replayed_time_s": replayed["time_s"], "replayed_kernels": replayed["kernels"],
+                 "predicted_time_s": replayed["predicted_time_s"], "prefill_reason": replayed["prefill_reason"]}
+        out["points"].append(point)
+        log(f"prefill P={P}: eager {point['eager_time_s'] * 1e3:.1f} ms (host issues it in "
+            f"{point['eager_host_s'] * 1e3:.1f} ms, {point['launches']:.0f} kernels), {replayed['kernels']} "
+            f"{point['replayed_time_s'] * 1e3:.1f} ms, predicted {point['predicted_time_s'] * 1e3:.1f} ms; host's "
+            "own time: " + "; ".join(f"{r['function']} {r['own_ms']:.1f} ms x{r['calls']}" for r in host_profile[:5]))
     return out
 
 

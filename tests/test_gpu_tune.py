@@ -4,8 +4,10 @@ the best tiles, and the kernels' tables are that recording's winners."""
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,11 +49,41 @@ def test_the_unfused_step_runs_torchs_ops_then_the_kernels_again():
     assert (TritonOps.__dict__["add_rms_norm"], TritonOps.__dict__["rope_and_store"]) == fused
 
 
-def test_parts_outside_the_three_are_refused_in_one_line(tmp_path, capsys):
+def test_parts_outside_its_own_are_refused_in_one_line(tmp_path, capsys):
     assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "matmul,flash"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("gpu_tune: error: --parts") and "matmul, attention, step" in err and "\n" not in err
+    assert err.startswith("gpu_tune: error: --parts") and "matmul, attention, step, prefill" in err and "\n" not in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_run_stopped_by_its_timeout_still_writes_what_it_measured(tmp_path, monkeypatch):
+    """gpu_session.sh's `timeout` sends SIGTERM: the part running ends with an error, no later part
+    starts, and the recording (the only file a lent GPU's run brings back) is still written."""
+    def stopped_midway(run, deadline, result):
+        os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` would, while the part runs
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the part")
+
+    monkeypatch.setattr(gpu_tune, "STOPPED", [])
+    monkeypatch.setattr(gpu_tune, "time_steps", stopped_midway)
+    try:
+        assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "step,prefill"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    (path,) = tmp_path.glob("gpu-tune-cpu-*.json")
+    record = json.loads(path.read_text())
+    assert record["step"] == {"error": "Stopped: stopped by SIGTERM (its step's timeout) while running"}
+    assert record["prefill"] == {"error": "not started: stopped (SIGTERM)"}
+
+
+def test_the_prefill_part_times_each_prompt_eagerly_and_replayed(tmp_path):
+    """In the dry run, on the CPU: the host's time to issue it, its time, where the host's time went."""
+    assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "prefill", "--budget-s", "30"]) == 0
+    (path,) = tmp_path.glob("gpu-tune-cpu-*.json")
+    (point,) = json.loads(path.read_text())["prefill"]["points"]
+    assert point["prompt_tokens"] == gpu_tune.DRY_PREFILL_PROMPTS[0] and 0 < point["eager_host_s"] and 0 < point["eager_time_s"]
+    assert 0 < len(point["host_profile"]) <= gpu_tune.HOST_PROFILE_ROWS and point["replayed_time_s"] > 0
+    assert point["prefill_reason"] == "eager prefill: no CUDA graph (not on CUDA)"
 
 
 RECORDING = ROOT / "data" / "recordings" / "gpu-tune-h200-20261204-1541.json"  # attention's tiles
