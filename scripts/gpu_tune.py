@@ -75,8 +75,10 @@ class Stopped(Exception):
 
 
 def _stop(signum, frame):
+    """The first SIGTERM ends the part running; a later one (while the recording is written) is ignored."""
     STOPPED.append(signum)
-    raise Stopped("stopped by SIGTERM (its step's timeout) while running")
+    if len(STOPPED) == 1:
+        raise Stopped("stopped by SIGTERM (its step's timeout) while running")
 
 
 def log(text: str):
@@ -113,7 +115,16 @@ def main(argv=None) -> int:
     result = {"device": device, "dtype": run.dtype, "budget_s": args.budget_s}
     # `timeout` (gpu_session.sh) stops a run that outlasts its step with SIGTERM: the part then
     # running ends with an error, no other starts, and the recording still keeps what was measured
-    signal.signal(signal.SIGTERM, _stop)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _run_parts(args, parts, run, result, deadlines, start)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_parts(args, parts, run, result, deadlines, start) -> int:
+    """Each asked part in turn (an error recorded, the next still run; none after SIGTERM), then
+    the one recording."""
     for part, fn in (("matmul", tune_matmul), ("attention", tune_attention), ("step", time_steps),
                      ("prefill", time_prefill)):
         if part not in parts:
@@ -127,6 +138,7 @@ def main(argv=None) -> int:
             log(f"{part}: ERROR {type(err).__name__}: {err}")
             result[part] = {"error": f"{type(err).__name__}: {err}"}
     result["wall_s"] = round(time.perf_counter() - start, 1)
+    device = run.device
     from labkit.backend import device_name
     from labkit.recordings import provenance, write_recording
     slug = "cpu" if device != "cuda" else "".join(c if c.isalnum() else "-" for c in device_name(device).lower())

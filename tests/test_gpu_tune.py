@@ -66,10 +66,9 @@ def test_a_run_stopped_by_its_timeout_still_writes_what_it_measured(tmp_path, mo
 
     monkeypatch.setattr(gpu_tune, "STOPPED", [])
     monkeypatch.setattr(gpu_tune, "time_steps", stopped_midway)
-    try:
-        assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "step,prefill"]) == 0
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    before = signal.getsignal(signal.SIGTERM)
+    assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "step,prefill"]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before  # the tuner's handler lives as long as its run
     (path,) = tmp_path.glob("gpu-tune-cpu-*.json")
     record = json.loads(path.read_text())
     assert record["step"] == {"error": "Stopped: stopped by SIGTERM (its step's timeout) while running"}
