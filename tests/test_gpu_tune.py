@@ -56,6 +56,7 @@ def test_parts_outside_its_own_are_refused_in_one_line(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.triton  # the dry run runs in Triton's interpreter
 def test_a_run_stopped_by_its_timeout_still_writes_what_it_measured(tmp_path, monkeypatch):
     """gpu_session.sh's `timeout` sends SIGTERM: the part running ends with an error, no later part
     starts, and the recording (the only file a lent GPU's run brings back) is still written."""
@@ -75,6 +76,7 @@ def test_a_run_stopped_by_its_timeout_still_writes_what_it_measured(tmp_path, mo
     assert record["prefill"] == {"error": "not started: stopped (SIGTERM)"}
 
 
+@pytest.mark.triton  # the dry run runs in Triton's interpreter
 def test_the_prefill_part_times_each_prompt_eagerly_and_replayed(tmp_path):
     """In the dry run, on the CPU: the host's time to issue it, its time, where the host's time went."""
     assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "prefill", "--budget-s", "30"]) == 0
