@@ -36,6 +36,7 @@ import torch
 
 from . import backend, sweeps
 from .errors import LabError, whole_number
+from .timing import HOST_BOUND_FRACTION
 
 BEFORE_STEPS = 4  # decode steps before the prompt arrives: the streams' undisturbed ITL
 AFTER_STEPS = 3  # decode steps after its prefill is done
@@ -55,6 +56,9 @@ class Timeline:
     device_name: str
     decode_end_s: list[float] = field(default_factory=list)  # when each decode step finished
     chunk_spans_s: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each chunk
+    # CUDA: the host's time to issue each chunk (the call returns before the GPU is done); a chunk
+    # whose issuing took nearly its whole span waited for Python's launches, not for the GPU
+    chunk_host_s: list[float] = field(default_factory=list)
 
     @property
     def chunked(self) -> bool:
@@ -76,6 +80,10 @@ class Timeline:
             "itl_p99_s": float(np.quantile(gaps, 0.99)), "itl_max_s": float(gaps.max()),
             "prefill_wall_s": self.chunk_spans_s[-1][1] - self.chunk_spans_s[0][0],
             "prefill_compute_s": float(sum(end - start for start, end in self.chunk_spans_s)),
+            # CUDA: chunks whose time was the host's launch rate (timing.HOST_BOUND_FRACTION); None on a CPU
+            "chunks_host_bound": (sum(host >= HOST_BOUND_FRACTION * (end - start)
+                                      for host, (start, end) in zip(self.chunk_host_s, self.chunk_spans_s))
+                                  if self.device == "cuda" else None),
         }
 
 
@@ -110,7 +118,9 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
     for start in range(0, prompt_tokens, chunk):
         began = clock.now()
         built.prefill_slot(0, prompt[start:start + chunk], long_cache, start=start)
+        issued = clock.elapsed()  # before the GPU finishes (CUDA)
         line.chunk_spans_s.append((began, clock.now()))
+        line.chunk_host_s.append(issued - began)
         decode()
     for _ in range(AFTER_STEPS):
         decode()
@@ -143,6 +153,10 @@ class _Clock:
 
     def now(self) -> float:
         backend.synchronize(self.kind)
+        return self.elapsed()
+
+    def elapsed(self) -> float:
+        """Seconds since construction, without waiting for the GPU."""
         return time.perf_counter() - self.start
 
 

@@ -39,6 +39,25 @@ def test_summary_keys_carry_units_and_are_consistent():
     assert 0 < s["prefill_compute_s"] <= s["prefill_wall_s"]
 
 
+def test_each_chunk_records_the_hosts_time_to_issue_it_and_a_gpus_host_bound_chunks_are_counted():
+    """On the CPU the host does the work, so issuing a chunk is its whole span and no chunk is
+    called host-bound; on CUDA a chunk is host-bound when issuing it took timing.HOST_BOUND_FRACTION
+    of its span, and the lesson's status line says how many were."""
+    from labkit import explore
+    line = i.run_timeline(chunk_tokens=64, **SIZES)
+    assert len(line.chunk_host_s) == 4
+    assert all(0 < h <= end - start for h, (start, end) in zip(line.chunk_host_s, line.chunk_spans_s))
+    assert line.summary()["chunks_host_bound"] is None
+    gpu = i.Timeline(256, 64, 3, 64, "llama-3.1-8b", "cuda", "NVIDIA H200", decode_end_s=[0.0, 0.01, 0.02, 0.09, 0.1,
+                     0.16, 0.17, 0.2, 0.21, 0.22], chunk_spans_s=[(0.021, 0.08), (0.101, 0.15)], chunk_host_s=[0.058, 0.01])
+    summary = gpu.summary()
+    assert summary["chunks_host_bound"] == 1  # 58 of 59 ms issuing; then 10 of 49 ms
+    status = explore.chunk_view(lambda chunk_tokens: gpu, gpu, 64)["status"]
+    assert status.endswith("; host-bound: 1 of 2 chunks waited for Python to launch their work, so their time "
+                           "measures the host, not the GPU")
+    assert "host-bound" not in explore.chunk_view(lambda chunk_tokens: line, line, 64)["status"]
+
+
 def test_the_models_own_cache_is_left_alone():
     """The streams and the long prompt get caches of their own, passed to each call: the shared,
     cached model's default cache is never swapped out nor written."""

@@ -85,7 +85,16 @@ def chunk_view(run, unchunked, chunk_tokens: int) -> dict:
     return {"timeline": timeline, "series": interference_series(timeline),
             "bars": interference_bars([unchunked, timeline]), "rows": interference_rows([unchunked, timeline]),
             "status": (f"measured on {summary['device_name']}: worst gap {summary['itl_max_s'] * 1e3:,.0f} ms, "
-                       f"prefill {summary['prefill_wall_s'] * 1e3:,.0f} ms")}
+                       f"prefill {summary['prefill_wall_s'] * 1e3:,.0f} ms" + _host_bound_chunks(summary))}
+
+
+def _host_bound_chunks(summary: dict) -> str:
+    """"; host-bound: 3 of 8 chunks ..." where a GPU's chunks waited for their launches, else ""."""
+    n = summary.get("chunks_host_bound")
+    if not n:
+        return ""
+    return (f"; host-bound: {n} of {summary['chunks']} chunks waited for Python to launch their work, so their "
+            "time measures the host, not the GPU")
 
 
 # ---- lesson 07: where a request's time goes, by workload shape
