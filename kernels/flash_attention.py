@@ -250,13 +250,17 @@ def _check_inputs(q, k, v):
 def flash_attention(q, k, v, causal=True, sm_scale=None):
     """Exact attention o [B, H, P, D] for q [B, H, P, D], k/v [B, Hkv, S, D]; see module docstring.
 
-    sm_scale defaults to 1/sqrt(D). Output has q's dtype; softmax statistics are kept in fp32.
+    sm_scale defaults to 1/sqrt(D). Output has q's dtype, token by token in memory (o.transpose(1, 2)
+    is contiguous); softmax statistics are kept in fp32.
     """
     _check_inputs(q, k, v)
     B, H, P, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    # o [B, H, P, D], laid out token by token ([B, P, H, D] in memory): what reads it next, the
+    # output projection, wants each token's heads side by side, and o.transpose(1, 2) then needs no
+    # copy to become [B, P, H * D] (the model's prefill: one copy kernel a layer fewer)
+    o = torch.empty((B, P, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
     if B * H * P == 0:
         return o
     if not INTERPRETED and not tiles_for(q.element_size(), D, shared_bytes_per_block(q.device), capability(q.device)):

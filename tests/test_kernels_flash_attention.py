@@ -26,6 +26,7 @@ def check(q, k, v, causal, what, sm_scale=None):
     out = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
     ref = attention_reference(q, k, v, causal=causal, sm_scale=sm_scale)
     assert out.shape == ref.shape and out.dtype == q.dtype, f"{what}: {out.shape} {out.dtype}"
+    assert out.transpose(1, 2).is_contiguous(), f"{what}: o not token by token in memory"  # a view for wo
     err = (out.float() - ref.float()).abs()
     torch.testing.assert_close(out.float(), ref.float(), **TOL[q.dtype], msg=lambda _: (
         f"{what}: max abs err {err.max().item():.3e}, mean abs err {err.mean().item():.3e}, "
