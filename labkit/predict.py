@@ -51,9 +51,10 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
 
 # On a CPU each P x S matrix plain attention makes is a fresh allocation far past glibc's 32 MiB
 # mmap threshold (`cpu_memory`), so its pages are faulted in and zeroed by the OS as it is written:
-# on the 2-core EPYC VM at P = 8,192 with 2 heads (537 MB of fp32 scores), scaling the scores took
-# 140 ms into a new tensor and 21 ms into an existing one, and Q K^T 339 against 190 ms (fastest of 3,
-# torch 2.13, 2026-12-05). The roofline counts neither that nor the softmax's exponentials.
+# on the 2-core EPYC VM at the lesson's CPU sizes (P = 8,192, 2 heads on 1 kv head, head dim 64: 537 MB
+# of fp32 scores), scaling the scores took 142 ms into a new tensor and 29 ms into an existing one,
+# and Q K^T 225 against 108 ms, in a plain call of 660 ms where torch's fused attention took 202
+# (fastest of 3, torch 2.13, 2026-12-05). The roofline counts neither that nor the softmax's exponentials.
 CPU_SQUARE_NOTE = ("; on a CPU, each new P × P matrix also lands on fresh pages that the operating system must "
                    "zero as it is written, and the softmax's exponentials cost time the roofline does not count")
 
