@@ -76,7 +76,8 @@ def prefill_breakdown(model: ModelSpec | str = sweeps.DEFAULT_MODEL, prompt_toke
     cache_dtype = cache_dtype or dtype
     sweeps.ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
     tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
-    timings = _time_parts(built, lambda: built.prefill(tokens), lambda: None, budget_s)
+    with built.prefill_graph.repeating():  # as `sweeps.measure_prefill` times it (a CUDA graph on CUDA)
+        timings = _time_parts(built, lambda: built.prefill(tokens), lambda: None, budget_s)
     work = roofline.prefill_work_by_category(spec, prompt_tokens, batch, dtype, cache_dtype)
     working_set = roofline.prefill_bytes(spec, prompt_tokens, batch, dtype, cache_dtype, roofline.KERNEL.params)
     return _split("prefill", built, timings, work, working_set, "flops",

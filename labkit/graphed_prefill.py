@@ -10,11 +10,14 @@ issues the whole prefill in one call.
 
 Which prefills: unlike a decode step (`graphed_decode`), a prefill bakes host numbers into its
 kernels (where the chunk starts, which rows, how many tokens), so a graph serves only the very same
-call again: a timing loop's repeats (the sweeps, a lesson's slider), not chunked prefill's
-successive chunks nor continuous batching's slots, which keep running eagerly. So a call is
-captured the second time its key comes in a row (the first ran eagerly, autotuning and allocating
-as it went), and only if it has at most MAX_TOKENS tokens: past that the GPU's work outlasts its
-launches, and a capture would cost two more prefills and the graph's memory for nothing.
+call again: a timing loop's repeats. The loop says so (`with model.prefill_graph.repeating():`, as
+`sweeps.measure_prefill` and `breakdown` do); inside it a call is captured the second time its key
+comes in a row (the first ran eagerly, autotuning and allocating as it went), and only if it has
+at most MAX_TOKENS tokens: past that the GPU's work outlasts its launches, and a capture would cost
+two more prefills and the graph's memory for nothing. Everything else runs eagerly — chunked
+prefill's chunks, continuous batching's slots, the serving runs — so no capture ever lands inside
+a timeline being measured (lesson 06's warm-up call and its first chunk can share a key), and the
+graph is dropped when its loop ends.
 
 Capture, its check against the eager run and the fallback are `cuda_graphs.capture`'s; a graph
 that fails or differs turns prefill graphs off for the model, with the reason in `reason`. The
@@ -25,6 +28,8 @@ prefill would.
 Shapes: tokens [B, P] int64 (a static copy is replayed); logits [B, V] fp32, cloned per call.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -40,8 +45,9 @@ WARMUP_RUNS = 1  # eager runs on the side stream before capture: the first call 
 
 class GraphedPrefill:
     """`run(tokens, cache, start, rows)` -> a prefill's logits by replay, or None for "run it
-    eagerly" (`Llama._prefill` then does). `name` says what ran the last prefill (the ops' name,
-    "+graph" when it was a replay), `reason` why."""
+    eagerly" (`Llama._prefill` then does); only inside `repeating()` (a timing loop) is anything
+    captured or replayed. `name` says what ran the last prefill (the ops' name, "+graph" when it
+    was a replay), `reason` why."""
 
     def __init__(self, model):
         self.model = model
@@ -49,12 +55,26 @@ class GraphedPrefill:
         self.key = None  # what the graph was captured for
         self.seen = None  # the last key run eagerly: the same key next is captured
         self.graph = self.tokens = self.logits = None
-        self.replayed = self.too_long = False  # whether the last prefill was a replay, or too long for one
+        # the last prefill: replayed? too long for a graph? inside a timing loop (`repeating`)?
+        self.replayed = self.too_long = self.in_loop = False
         self.off = None  # why graphs were turned off, once they were
+        self.enabled = False  # inside `repeating`
 
     @property
     def name(self) -> str:
         return self.model.ops.name + ("+graph" if self.replayed else "")
+
+    @contextlib.contextmanager
+    def repeating(self):
+        """While a timing loop repeats one prefill: its second call is captured, the rest replay.
+        The graph is dropped when the loop ends."""
+        was, self.enabled = self.enabled, True
+        try:
+            yield self
+        finally:
+            self.enabled = was
+            self.release()
+            self.seen = None
 
     @property
     def reason(self) -> str:
@@ -65,15 +85,17 @@ class GraphedPrefill:
             return f"eager prefill: CUDA graph off, {self.off}"
         if self.replayed:
             return "prefill replayed as a CUDA graph (captured when the same prefill came again)"
+        if not self.in_loop:
+            return "eager prefill: a CUDA graph replays only a timing loop's repeated prefill"
         if self.too_long:
             return (f"eager prefill: over {MAX_TOKENS:,} tokens, the GPU's work outlasts its launches "
                     "(no CUDA graph)")
         return "eager prefill: a CUDA graph is captured when the same prefill comes again"
 
     def run(self, tokens: torch.Tensor, cache, start: int, rows: slice) -> torch.Tensor | None:
-        self.replayed, self.too_long = False, tokens.numel() > MAX_TOKENS
-        if not self.allowed or self.off or self.model.clock is not OFF:
-            return None  # (the breakdown's clock times each part: eager)
+        self.replayed, self.too_long, self.in_loop = False, tokens.numel() > MAX_TOKENS, self.enabled
+        if not (self.allowed and self.enabled) or self.off or self.model.clock is not OFF:
+            return None  # (the breakdown's clock times each part on a CPU: eager)
         key = self._key(tokens, cache, start, rows)
         if key != self.key:
             self.release()  # free the old graph's memory before this prefill allocates its own

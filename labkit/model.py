@@ -21,8 +21,8 @@ x += down(silu(gate(n(x))) * up(n(x))). q/k/v are one fused matrix `wqkv` and ga
 
 What runs each operation is chosen once, at construction: `ops` (torch on the CPU, the lab's
 Triton kernels on CUDA) and `decode_paths` (how a decode step is issued: the CPU step on a CPU in
-fp32, a replayed CUDA graph on CUDA, else this file's `decode_layers`); on CUDA a prefill that
-comes again is replayed as a CUDA graph too (`graphed_prefill`, else `prefill_layers`). Issued as torch calls, a
+fp32, a replayed CUDA graph on CUDA, else this file's `decode_layers`); on CUDA a prefill that a
+timing loop repeats is replayed as a CUDA graph too (`graphed_prefill`, else `prefill_layers`). Issued as torch calls, a
 CPU decode step stays below the memory's bandwidth for fixed costs — hundreds of small calls, a
 few-row product's packing of the weight at every call, a compact cache widened before it is read
 — which is why the CPU step (`cpu_decode`, with `cpu_linear` and `cpu_kernels`) exists.

@@ -158,7 +158,8 @@ def measure_prefill(model: ModelSpec | str = DEFAULT_MODEL, prompt_tokens: int =
     cache_dtype = cache_dtype or dtype
     ensure_cache(built, batch, prompt_tokens, cache_dtype, prompt_tokens)
     tokens = _random_tokens(spec, (batch, prompt_tokens), built.device)
-    timing = _time(lambda: built.prefill(tokens), built.device.type, repeats)
+    with built.prefill_graph.repeating():  # on CUDA the repeats replay a CUDA graph (graphed_prefill)
+        timing = _time(lambda: built.prefill(tokens), built.device.type, repeats)
     flops = roofline.prefill_flops(spec, prompt_tokens, batch, counting)
     bytes_moved = roofline.prefill_bytes(spec, prompt_tokens, batch, dtype, cache_dtype, counting.params)
     point = _point("prefill", built, timing, flops, bytes_moved, prompt_tokens=prompt_tokens,

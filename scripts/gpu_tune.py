@@ -425,30 +425,25 @@ def time_prefill(run, deadline: float, _result) -> dict:
             break
         sweeps.ensure_cache(built, 1, P, built.compute_dtype, P)
         tokens = sweeps._random_tokens(spec, (1, P), built.device)
-        graph, off = built.prefill_graph, built.prefill_graph.off
 
-        def eager():
+        def eager():  # outside a timing loop's `repeating`, a prefill runs eagerly (graphed_prefill)
             built.prefill(tokens)
 
-        graph.off = "gpu_tune: timed eagerly"  # (a graph already captured stays unused while off)
-        try:
+        eager()
+        sync()
+        host_s = []
+        for _ in range(3):  # the host's time to issue one prefill: no synchronisation inside it
+            start = time.perf_counter()
             eager()
+            host_s.append(time.perf_counter() - start)
             sync()
-            host_s = []
-            for _ in range(3):  # the host's time to issue one prefill: no synchronisation inside it
-                start = time.perf_counter()
-                eager()
-                host_s.append(time.perf_counter() - start)
-                sync()
-            gpu = measure.time_fn(eager, run.device, 1, 5, 1.0)
-            kernels = gpu_profile.seconds_by_category(eager, 1)[1] if cuda else []
-            profiler = cProfile.Profile()
-            profiler.enable()
-            eager()
-            profiler.disable()
-            sync()
-        finally:
-            graph.off = off
+        gpu = measure.time_fn(eager, run.device, 1, 5, 1.0)
+        kernels = gpu_profile.seconds_by_category(eager, 1)[1] if cuda else []
+        profiler = cProfile.Profile()
+        profiler.enable()
+        eager()
+        profiler.disable()
+        sync()
         stats = pstats.Stats(profiler)
         rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:HOST_PROFILE_ROWS]  # by own time
         host_profile = [{"function": f"{os.path.basename(file)}:{line}({name})", "calls": calls,
