@@ -39,6 +39,14 @@ def allowed(model) -> tuple[bool, str]:
     return True, ""
 
 
+def cache_identity(cache) -> tuple:
+    """What a graph bakes in of a KV cache: its dtype, shape, and the address of every tensor it
+    reads or writes (`KVCache.tensors`). A new cache that reuses freed memory at the same addresses
+    with the same shapes would replay correctly; anything else must be captured anew."""
+    return (cache.cache_dtype, tuple(cache.k.shape),
+            tuple(t.data_ptr() if t is not None else None for t in cache.tensors()))
+
+
 def capture(body, warmups: int):
     """(graph, out, None) with `out` the tensor the graph writes on each replay, or (None, None, why)
     when the graph must not be used. `body()` -> a tensor, run `warmups` (>= 1) times eagerly on a

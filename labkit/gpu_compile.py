@@ -294,8 +294,8 @@ def rope_store_variants(dtypes, shared_limit: int | None, capability: tuple | No
                             v_ptr=Pointer(TRITON_DTYPE[c_dt]), k_scale_ptr=Pointer("fp32"),
                             v_scale_ptr=Pointer("fp32"), pos_ptr=Pointer("i32"), pos0=0, H=H, Hkv=Hkv,
                             stride_qkv=(H + 2 * Hkv) * D, stride_cos=D, stride_cb=Hkv * S * D, stride_ch=S * D,
-                            stride_cs=D, **_int8_scale_strides(c_dt, Hkv, S), HALF=D // 2, CACHE_KIND=kind.get(c_dt, rs.CACHE_FLOAT), POS_FROM_PTR=from_ptr,
-                            BLOCK_HALF=D // 2)
+                            stride_cs=D, **_int8_scale_strides(c_dt, Hkv, S), HALF=D // 2,
+                            CACHE_KIND=kind.get(c_dt, rs.CACHE_FLOAT), POS_FROM_PTR=from_ptr, BLOCK_HALF=D // 2)
                 out.append(Variant("rope_store", "_rope_store_kernel", args, 1, 3,
                                    {"x": act, "cache": c_dt, "D": D, "POS_FROM_PTR": from_ptr}))
     return out

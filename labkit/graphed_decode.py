@@ -94,11 +94,8 @@ class GraphedDecode:
         self.graph = self.tokens = self.logits = self.key = None
 
     def _key(self, tokens, cache) -> tuple:
-        """What the graph bakes in: the address, shape and dtype of every cache tensor it reads or
-        writes, and the batch. A new cache that reuses freed memory at the same addresses with
-        the same shapes would replay correctly; anything else is captured anew."""
-        return (tokens.shape[0], cache.cache_dtype, tuple(cache.k.shape),
-                tuple(t.data_ptr() if t is not None else None for t in cache.tensors()))
+        """What the graph bakes in: the batch and the cache (`cuda_graphs.cache_identity`)."""
+        return (tokens.shape[0], *cuda_graphs.cache_identity(cache))
 
     def _body(self, cache):
         """The step as captured: positions and attended lengths from the device, the cache's

@@ -122,6 +122,5 @@ class GraphedPrefill:
     @staticmethod
     def _key(tokens, cache, start, rows) -> tuple:
         """What the graph bakes in: the tokens' shape, where the chunk starts, the rows, and the
-        address, shape and dtype of every cache tensor it writes or reads back."""
-        return (tuple(tokens.shape), start, (rows.start, rows.stop, rows.step), cache.cache_dtype,
-                tuple(cache.k.shape), tuple(t.data_ptr() if t is not None else None for t in cache.tensors()))
+        cache it writes and reads back (`cuda_graphs.cache_identity`)."""
+        return (tuple(tokens.shape), start, (rows.start, rows.stop, rows.step), *cuda_graphs.cache_identity(cache))

@@ -23,10 +23,10 @@ What it does, each part within its share of --budget-s:
      current tiles, a profile of one step by kernel, the first points again with the residual
      adds, norms, RoPE and cache writes as torch's separate ops (what kernels/add_rms_norm.py and
      kernels/rope_store.py replaced: "unfused"), then the points with the best tiles;
-  4. the 8B's prefill at P = 512 and 2,048, eagerly (its CUDA graph off) and replayed as one
-     (labkit.graphed_prefill): the host's time to issue an eager prefill beside the GPU's time for
-     it, the kernels it launches, and where the host's time goes (cProfile) — why a short eager
-     prefill waited for its host (lesson 06's chunks still run eagerly).
+  4. the 8B's prefill at P = 512 and 2,048, eagerly (outside a timing loop's `repeating`) and
+     replayed as a CUDA graph (labkit.graphed_prefill): the host's time to issue an eager prefill
+     beside the GPU's time for it, the kernels it launches, and where the host's time goes
+     (cProfile) — why a short eager prefill waited for its host (lesson 06's chunks run eagerly).
 Writes one recording `gpu-tune-<device>-<stamp>.json` into DIR (never overwritten) with
 provenance. It changes no file of the lab: the winners become the kernels' defaults by hand,
 citing the recording.
@@ -41,6 +41,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -429,15 +430,7 @@ def time_prefill(run, deadline: float, _result) -> dict:
         def eager():  # outside a timing loop's `repeating`, a prefill runs eagerly (graphed_prefill)
             built.prefill(tokens)
 
-        eager()
-        sync()
-        host_s = []
-        for _ in range(3):  # the host's time to issue one prefill: no synchronisation inside it
-            start = time.perf_counter()
-            eager()
-            host_s.append(time.perf_counter() - start)
-            sync()
-        gpu = measure.time_fn(eager, run.device, 1, 5, 1.0)
+        gpu = measure.time_fn(eager, run.device, 1, 5, 1.0)  # on CUDA with the host's time to issue each call
         kernels = gpu_profile.seconds_by_category(eager, 1)[1] if cuda else []
         profiler = cProfile.Profile()
         profiler.enable()
@@ -450,7 +443,9 @@ def time_prefill(run, deadline: float, _result) -> dict:
                          "own_ms": own * 1e3, "cumulative_ms": cum * 1e3}
                         for (file, line, name), (_, calls, own, cum, _) in rows]
         replayed = sweeps.measure_prefill(spec.name, P, 1, run.device)
-        point = {"prompt_tokens": P, "eager_host_s": min(host_s), "eager_time_s": gpu.estimate_s,
+        # (on a CPU the host does the work: issuing it is the whole call)
+        host_s = statistics.median(gpu.host_s) if gpu.host_s else gpu.estimate_s
+        point = {"prompt_tokens": P, "eager_host_s": host_s, "eager_time_s": gpu.estimate_s,
                  "eager_host_bound": gpu.host_bound, "launches": sum(k["calls_per_step"] for k in kernels),
                  "kernels": kernels[:10], "host_profile": host_profile,
                  "replayed_time_s": replayed["time_s"], "replayed_kernels": replayed["kernels"],
