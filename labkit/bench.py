@@ -26,7 +26,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from . import backend, calibrate, roofline, sizes, sweeps
+from . import backend, calibrate, cpu_info, roofline, sizes, sweeps
 from .errors import LabError
 from .recordings import check_writable, write_recording
 from .specs import get_model
@@ -60,7 +60,7 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     settings = sizes.lab_settings(here.device)
     spec = get_model(model or settings["model"])
     steps = steps if steps is not None else bench_steps(here.device, settings["cache_dtype"])
-    load_before, busy_from = _load_average(), calibrate.load_snapshot()
+    load_before, busy_from = _load_average(), cpu_info.load_snapshot()
     fresh, fresh_info = calibrate.load_or_calibrate(here.device, refresh=True, log=log)
     log(calibrate.describe(fresh, fresh_info))
     # What every point is judged by (`sweeps` asks load_or_calibrate): the fresh calibration, or,
@@ -87,7 +87,7 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
                **({"fresh_calibration": unused} if unused else {}),
                "load_average": {"before": load_before, "after": _load_average()},
                # the share of all cores other processes kept busy over the whole run (None: not known here)
-               "others_busy_share": calibrate.others_busy_share(busy_from),
+               "others_busy_share": cpu_info.others_busy_share(busy_from),
                "tables": {t: [row(p) for p in medians if p["table"] == t] for t in dict.fromkeys(s["table"] for s in steps)},
                "ratios": gains,
                "targets": targets(medians, gains, roofline.decode_compute_bound_batch_at_roof(

@@ -56,12 +56,14 @@ from typing import Callable
 import torch
 
 from . import cpu_info, roofline
+from .cpu_info import load_snapshot, others_busy_share
 from .backend import check_fits, device_name, total_memory_bytes
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .measure import format_rate, time_fn, time_until_stable
 from .recordings import provenance as base_provenance
 from .recordings import write_json_atomic
 from .specs import HardwareSpec, preset_for_device_name
+from .timing import OTHERS_BUSY_LIMIT
 
 MIB, GIB = 2**20, 2**30
 CACHE_FORMAT = 4  # 2: the bandwidth curve, the caches, noisy figures; 3: the CPU's fp32 peak by the fastest of two paths;
@@ -72,10 +74,10 @@ SMALLEST_WORKING_SET = MIB
 MIN_POINTS = 6
 MIN_SAMPLE_S = 2e-3  # a CPU call shorter than this is repeated back to back within one sample
 CPU_MAX_SAMPLES = 100
-# A CPU calibration during which other processes kept more than this share of all cores busy is
-# noisy: its roofs are a loaded machine's (issue 13: 12.1 GB/s cached during a test run, 20.0 idle).
-OTHERS_BUSY_LIMIT = 0.15
-# ... and so is a figure during which they did, over a window of at least this long (`_figure`).
+# A CPU calibration during which other processes kept more than timing.OTHERS_BUSY_LIMIT of all
+# cores busy is noisy: its roofs are a loaded machine's (issue 13: 12.1 GB/s cached during a test
+# run, 20.0 idle) ... and so is a figure during which they did, over a window of at least this
+# long (`_figure`).
 FIGURE_WINDOW_S = 1.0
 ROW = 256  # the GEMV read's row length (the lab-cpu model's hidden size)
 QUANTUM = 2 * ROW * 4  # working sets a whole number of pairs of fp32 rows of ROW (pairs: the sizes of earlier calibrations)
@@ -164,23 +166,6 @@ def rises_past_cache(curve: list[dict], last_level_bytes: float | None) -> list[
 
 def _kind(device) -> str:
     return torch.device(getattr(device, "device", device)).type
-
-
-def load_snapshot() -> tuple[float, float | None, float]:
-    """(wall clock, CPU seconds of all processes, CPU seconds of this one) now."""
-    own = os.times()
-    return time.monotonic(), cpu_info.cpu_busy_s(), own.user + own.system
-
-
-def others_busy_share(start: tuple, min_wall_s: float = 0.0) -> float | None:
-    """The share of all cores that other processes (and a VM's neighbours, through steal time)
-    kept busy since `start`, over at least `min_wall_s` of wall time: a confirmed figure can still
-    be a busy machine's, when the load was steady. None where the OS does not say (no /proc/stat)."""
-    end = load_snapshot()
-    if start[1] is None or end[1] is None:
-        return None
-    wall_s = max(end[0] - start[0], min_wall_s, 1e-9)
-    return max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / (wall_s * (os.cpu_count() or 1))
 
 
 # ---------------------------------------------------------------- caches and working sets

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import time
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -214,6 +215,24 @@ def cpu_busy_s() -> float | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def load_snapshot() -> tuple[float, float | None, float]:
+    """(wall clock, CPU seconds of all processes, CPU seconds of this one) now."""
+    own = os.times()
+    return time.monotonic(), cpu_busy_s(), own.user + own.system
+
+
+def others_busy_share(start: tuple, min_wall_s: float = 0.0) -> float | None:
+    """The share of all cores that other processes (and a VM's neighbours, through steal time)
+    kept busy since `start` (a `load_snapshot`), over at least `min_wall_s` of wall time: a
+    confirmed figure can still be a busy machine's, when the load was steady. None where the OS
+    does not say (no /proc/stat)."""
+    end = load_snapshot()
+    if start[1] is None or end[1] is None:
+        return None
+    wall_s = max(end[0] - start[0], min_wall_s, 1e-9)
+    return max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / (wall_s * (os.cpu_count() or 1))
 
 
 def run_command(args: list[str]) -> str | None:

@@ -12,12 +12,14 @@ time the GPU's own work, which other processes barely touch, and the median is t
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from . import cpu_info
 from .errors import LabError
 
 # A run whose samples spread by more than a quarter of their median is flagged noisy: another
@@ -34,6 +36,15 @@ PERCENTILE_SAMPLES = 10
 # "fastest" estimate (CPU): the fastest call counts once another call came within this fraction of it.
 CONFIRM_TOLERANCE = 0.10
 MAX_SAMPLE_S = 1e9  # about 30 years
+# Other processes (the learner's browser drawing a chart, JupyterLab's server, a VM's neighbours
+# through steal time) kept more than this share of all cores busy while a CPU figure was timed:
+# the figure is a shared machine's, even when its fastest call was confirmed (a steady load slows
+# every call alike). On the 2-core EPYC VM, lesson 01 run in Chromium timed lab-cpu's prefill of
+# 1,088 tokens at 83 ms with others at 16 % of the cores, and 65-66 ms from a terminal.
+OTHERS_BUSY_LIMIT = 0.15
+# /proc/stat counts in 10 ms ticks: a share is judged over at least this much wall time, so a
+# short figure is not "busy" for one tick of a kernel thread (2 %  of 2 cores over 0.25 s).
+BUSY_WINDOW_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,9 @@ class Timing:
     # before each call), and whether the L2 was flushed (None: not a CUDA timing).
     method: str | None = None
     l2_flushed: bool | None = None
+    # CPU: the share of all cores other processes kept busy while these calls ran (`time_until_stable`;
+    # None on CUDA, or where the OS does not say)
+    others_busy_share: float | None = None
 
     def __post_init__(self):
         # NaN passes `<= 0` and inf would make the median and spread meaningless: refuse both.
@@ -106,6 +120,11 @@ class Timing:
         return (self.max_s - self.min_s) / self.median_s
 
     @property
+    def disturbed(self) -> bool:
+        """CPU: did other processes keep more than OTHERS_BUSY_LIMIT of the cores busy meanwhile?"""
+        return self.others_busy_share is not None and self.others_busy_share > OTHERS_BUSY_LIMIT
+
+    @property
     def noisy(self) -> bool:
         """Too noisy to build a conclusion on: a median whose samples spread by more than
         NOISY_SPREAD, or a fastest call that no second call confirmed."""
@@ -122,7 +141,8 @@ class Timing:
             return f"noisy: no second of {calls} calls came within {CONFIRM_TOLERANCE:.0%} of the fastest"
         if self.noisy:
             return f"noisy: spread {self.spread:.0%} over {calls} samples"
-        return calls_phrase(self.estimator, calls, self.spread, self.median_s / self.min_s)
+        return calls_phrase(self.estimator, calls, self.spread, self.median_s / self.min_s) + (
+            f"; {busy_phrase(self.others_busy_share)}" if self.disturbed else "")
 
     def to_dict(self) -> dict:
         """JSON-ready summary, units in the keys."""
@@ -131,7 +151,13 @@ class Timing:
                 "spread": self.spread, "noisy": self.noisy, "samples_s": list(self.samples_s),
                 "calls_per_sample": self.calls_per_sample,
                 "host_median_s": statistics.median(self.host_s) if self.host_s else None,
-                "host_bound": self.host_bound, "method": self.method, "l2_flushed": self.l2_flushed}
+                "host_bound": self.host_bound, "method": self.method, "l2_flushed": self.l2_flushed,
+                "others_busy_share": self.others_busy_share}
+
+
+def busy_phrase(share: float) -> str:
+    """What a disturbed figure's status line says of the machine's load."""
+    return f"other programs (a browser drawing?) kept {share:.0%} of the cores busy while it was timed"
 
 
 def calls_phrase(estimator: str, calls: int, spread: float, median_over_fastest: float | None = None) -> str:
@@ -151,9 +177,29 @@ def calls_phrase(estimator: str, calls: int, spread: float, median_over_fastest:
 
 def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: float,
                       min_samples: int = 3, max_samples: int = 50) -> Timing:
-    """CPU timing that survives a busy machine: `sample_until_stable` of one call's seconds."""
-    return sample_until_stable(lambda: {"call": call_seconds(fn)}, budget_s, max_budget_s,
-                               min_samples, max_samples)["call"]
+    """CPU timing that survives a busy machine: `sample_until_stable` of one call's seconds,
+    with the share of the cores other processes kept busy meanwhile (`Timing.disturbed`)."""
+    load = cpu_info.load_snapshot()
+    timing = sample_until_stable(lambda: {"call": call_seconds(fn)}, budget_s, max_budget_s,
+                                 min_samples, max_samples)["call"]
+    return dataclasses.replace(timing, others_busy_share=cpu_info.others_busy_share(load, BUSY_WINDOW_S))
+
+
+def wait_for_quiet(max_wait_s: float, window_s: float = 0.1) -> bool:
+    """Wait, up to `max_wait_s`, for a `window_s` in which other processes kept at most
+    OTHERS_BUSY_LIMIT of the cores busy (a browser done drawing the last chart). True once one
+    came; False if none did, or the OS does not say."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        load = cpu_info.load_snapshot()
+        time.sleep(window_s)
+        share = cpu_info.others_busy_share(load)
+        if share is None:
+            return False
+        if share <= OTHERS_BUSY_LIMIT:
+            return True
+        if time.monotonic() >= deadline:
+            return False
 
 
 def sample_until_stable(sample: Callable[[], dict[str, float]], budget_s: float, max_budget_s: float,

@@ -16,6 +16,12 @@ _CACHE_PARENT.mkdir(parents=True, exist_ok=True)
 _OWN_CACHE = tempfile.mkdtemp(prefix="session-", dir=_CACHE_PARENT)
 os.environ["LABKIT_CACHE_DIR"] = _OWN_CACHE
 
+# The parallel run's workers keep each other's cores busy all along: a point timed there would
+# wait for a quiet moment that never comes (sweeps.QUIET_WAIT_S), so its workers do not wait.
+# Serial runs (the timed and browser tests) keep the wait, as a learner's lab does.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("LABKIT_QUIET_WAIT_S", "0")
+
 import pytest  # noqa: E402
 
 

@@ -50,7 +50,8 @@ def test_timing_to_dict_carries_units():
     summary = Timing((1.0, 3.0, 2.0)).to_dict()
     assert summary == {"estimate_s": 2.0, "estimator": "median", "median_s": 2.0, "min_s": 1.0, "max_s": 3.0, "spread": 1.0, "noisy": True,
                        "samples_s": [1.0, 3.0, 2.0], "calls_per_sample": 1,
-                       "host_median_s": None, "host_bound": None, "method": None, "l2_flushed": None}
+                       "host_median_s": None, "host_bound": None, "method": None, "l2_flushed": None,
+                       "others_busy_share": None}
 
 
 class Counter:

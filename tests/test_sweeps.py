@@ -14,7 +14,7 @@ COMMON_KEYS = {"phase", "device", "device_name", "hardware", "model", "batch", "
                "kernels", "time_s", "time_min_s", "time_max_s", "spread", "noisy", "samples", "flops", "bytes",
                "predicted_time_s", "bound", "achieved_flops_per_s", "achieved_bytes_per_s", "roof_fraction",
                "residual", "tokens_per_s", "host_bound", "working_set_bytes", "roof_bandwidth_bytes_per_s",
-               "roof_tier", "plan_fraction", "l2_resident", "planned_time_s"}
+               "roof_tier", "plan_fraction", "l2_resident", "planned_time_s", "others_busy_share", "disturbed"}
 # A stand-in for this machine's calibration (which takes ~10 s): the shape of a 2-core CPU's roof.
 FAKE_ROOF = HardwareSpec("test CPU roof", None, None, None, None, 100e9, 10e9, 16e9, kind="calibrated")
 
@@ -209,3 +209,62 @@ def test_a_cache_dtype_the_cpu_does_not_offer_is_refused_before_anything_is_allo
     for measure in (sweeps.measure_decode, breakdown.decode_breakdown):
         with pytest.raises(LabError, match="the CPU path offers no fp8 KV cache"):
             measure("lab-tiny", batch=2, context_tokens=10, cache_dtype="fp8", device="cpu")
+
+
+def _cpu_timings(monkeypatch, shares, quiet=True):
+    """sweeps._time on the CPU with scripted timings (each call's estimate and others' share, in
+    turn) and wait_for_quiet answering `quiet`; returns (the timing kept, calls made, waits made)."""
+    from labkit import measure, timing
+    made, waits = [], []
+
+    def fake_time(fn, *args):
+        seconds, share = shares[len(made)]
+        made.append(1)
+        return timing.Timing((seconds, seconds), estimator="fastest", others_busy_share=share)
+
+    monkeypatch.setattr(measure, "time_until_stable", fake_time)
+    monkeypatch.setattr(measure, "wait_for_quiet", lambda wait_s: waits.append(wait_s) or quiet)
+    monkeypatch.setattr(sweeps, "_last_vain_wait", [-math.inf])
+    return lambda: (sweeps._time(lambda: None, "cpu", None), len(made), waits)
+
+
+def test_a_cpu_point_timed_while_others_were_busy_is_timed_again_once_quiet(monkeypatch):
+    """The browser drawing the last chart throughout a point slowed every call (lesson 01's 1,088-token
+    prefill 83 ms with others at 16 % of the cores, 65 ms from a terminal): after a quiet moment the
+    point is timed again, and the quiet figure kept even where it is the slower; a second busy one
+    is kept only where it is the faster."""
+    monkeypatch.delenv("LABKIT_QUIET_WAIT_S", raising=False)
+    kept, calls, waits = _cpu_timings(monkeypatch, [(0.083, 0.16), (0.065, 0.01)])()
+    assert (kept.estimate_s, calls, waits) == (0.065, 2, [sweeps.QUIET_WAIT_S]) and not kept.disturbed
+    kept, calls, _ = _cpu_timings(monkeypatch, [(0.060, 0.16), (0.065, 0.01)])()
+    assert kept.estimate_s == 0.065 and calls == 2
+    kept, _, _ = _cpu_timings(monkeypatch, [(0.083, 0.5), (0.070, 0.3)])()
+    assert kept.estimate_s == 0.070 and kept.disturbed
+    kept, _, _ = _cpu_timings(monkeypatch, [(0.060, 0.5), (0.070, 0.3)])()
+    assert kept.estimate_s == 0.060 and kept.disturbed
+    kept, calls, waits = _cpu_timings(monkeypatch, [(0.065, 0.05)])()  # a quiet machine: timed once
+    assert calls == 1 and waits == []
+
+
+def test_a_machine_with_no_quiet_moment_is_not_waited_for_again_for_a_while(monkeypatch):
+    monkeypatch.delenv("LABKIT_QUIET_WAIT_S", raising=False)
+    run = _cpu_timings(monkeypatch, [(0.083, 0.5)] * 3, quiet=False)
+    kept, calls, waits = run()
+    assert kept.disturbed and calls == 1 and len(waits) == 1  # waited in vain, timed once, flagged
+    _, calls, waits = run()
+    assert calls == 2 and len(waits) == 1  # within QUIET_RETRY_AFTER_S: no second wait
+    monkeypatch.setattr(sweeps, "_last_vain_wait", [sweeps.time.monotonic() - sweeps.QUIET_RETRY_AFTER_S - 1])
+    run()
+    assert len(waits) == 2
+
+
+def test_labkit_quiet_wait_s_sets_the_wait_and_0_turns_the_timing_again_off(monkeypatch):
+    monkeypatch.setenv("LABKIT_QUIET_WAIT_S", "0")
+    _, calls, waits = _cpu_timings(monkeypatch, [(0.083, 0.5)])()
+    assert calls == 1 and waits == []
+    monkeypatch.setenv("LABKIT_QUIET_WAIT_S", "0.5")
+    assert sweeps.quiet_wait_s() == 0.5
+    for bad in ("-1", "soon", "nan", "1e9"):
+        monkeypatch.setenv("LABKIT_QUIET_WAIT_S", bad)
+        with pytest.raises(LabError, match="LABKIT_QUIET_WAIT_S must be seconds from 0 to 600"):
+            sweeps.quiet_wait_s()

@@ -264,3 +264,46 @@ def test_how_a_figure_was_timed_reads_as_the_machines_load_not_an_error_of_the_f
     assert calls_phrase("fastest", 50, 10.75, 1.0512) == "fastest of 50 calls, their median 1.05× as long"
     assert calls_phrase("median", 9, 0.05) == "median of 9 samples, spread 5%"
     assert calls_phrase("fastest", 3, 0.2) == calls_phrase("fastest", 3, 0.2, float("nan")) == "fastest of 3 calls"
+
+
+def test_a_cpu_timing_records_the_share_of_the_cores_others_kept_busy(monkeypatch):
+    """A steady load slows every call alike, so a confirmed fastest call can still be a busy
+    machine's: time_until_stable records what other processes used meanwhile (over at least
+    BUSY_WINDOW_S), and past OTHERS_BUSY_LIMIT the timing says it was disturbed."""
+    windows = []
+    monkeypatch.setattr(timing.cpu_info, "load_snapshot", lambda: "start")
+    monkeypatch.setattr(timing.cpu_info, "others_busy_share",
+                        lambda start, min_wall_s=0.0: windows.append((start, min_wall_s)) or 0.4)
+    t = timing.time_until_stable(Scripted(monkeypatch, [1.0, 0.05, 0.30, 0.051]), budget_s=0.2, max_budget_s=2.0)
+    assert windows == [("start", timing.BUSY_WINDOW_S)]
+    assert t.others_busy_share == 0.4 and t.disturbed and not t.noisy  # confirmed, and still a busy machine's
+    assert t.how_timed.endswith("; other programs (a browser drawing?) kept 40% of the cores busy while it was timed")
+    assert t.to_dict()["others_busy_share"] == 0.4
+    quiet = Timing((0.1, 0.1), estimator="fastest", others_busy_share=timing.OTHERS_BUSY_LIMIT)
+    assert not quiet.disturbed and "busy" not in quiet.how_timed
+    assert not Timing((0.1, 0.1)).disturbed  # CUDA, or an OS that does not say: None
+
+
+@pytest.mark.parametrize("shares, waited, quiet", [
+    ([0.5, 0.02], 2, True),  # the second window is quiet
+    ([0.5] * 50, 3, False),  # never quiet: gives up once the wait is over (windows of 0.1 s, a wait of 0.25)
+    ([None], 1, False),  # the OS does not say
+])
+def test_wait_for_quiet_waits_for_one_quiet_window_at_most_its_limit(monkeypatch, shares, waited, quiet):
+    clock, seen = [0.0], []
+    monkeypatch.setattr(timing.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(timing.cpu_info, "load_snapshot", lambda: None)
+    monkeypatch.setattr(timing.cpu_info, "others_busy_share", lambda start: seen.append(1) or shares[len(seen) - 1])
+    assert timing.wait_for_quiet(0.25, window_s=0.1) is quiet
+    assert len(seen) == waited
+
+
+def test_point_summary_says_when_other_programs_were_busy_while_it_was_timed():
+    point = {"time_s": 0.083, "predicted_time_s": 0.045, "device_name": "a CPU", "samples": 3,
+             "estimator": "fastest", "spread": 0.01, "noisy": False, "others_busy_share": 0.16, "disturbed": True}
+    assert explore.point_summary(point).endswith(
+        "; other programs (a browser drawing?) kept 16% of the cores busy while it was timed: its time is partly theirs")
+    assert "busy" not in explore.point_summary({**point, "others_busy_share": 0.02, "disturbed": False})
+    label = explore.measured_series([{**point, "prompt_tokens": 1088}], "prompt_tokens")["label"][0]
+    assert label.endswith("<br>other programs (a browser drawing?) kept 16% of the cores busy while it was timed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import roofline as r
-from ..timing import calls_phrase
+from ..timing import busy_phrase, calls_phrase
 from ..units import format_rate, format_seconds
 
 # ---- every lesson: grids, measured points and what to say about them
@@ -44,7 +44,8 @@ def measured_series(records: list[dict], x_key: str) -> dict:
         timed = calls_phrase(rec.get("estimator", "median"), rec.get("samples", 1), rec.get("spread", 0.0),
                              _median_over_fastest(rec))
         series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {roof}, {timed}"
-                               + (" (noisy)" if rec.get("noisy") else "") + (f"<br>{moment}" if moment else ""))
+                               + (" (noisy)" if rec.get("noisy") else "") + (f"<br>{moment}" if moment else "")
+                               + (f"<br>{busy_phrase(rec['others_busy_share'])}" if rec.get("disturbed") else ""))
     return series
 
 
@@ -177,7 +178,8 @@ def point_summary(point: dict) -> str:
              f"predicted {format_seconds(point['predicted_time_s'])}",
              roof_phrase(point),
              f"on {point.get('device_name', point.get('device', '?'))}",
-             timed, "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None]
+             timed, "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None,
+             busy_phrase(point["others_busy_share"]) + ": its time is partly theirs" if point.get("disturbed") else None]
     return "; ".join(p for p in parts if p) + "".join(f" — {note}" for note in point_notes(point))
 
 
