@@ -63,7 +63,7 @@ from .measure import format_rate, time_fn, time_until_stable
 from .recordings import provenance as base_provenance
 from .recordings import write_json_atomic
 from .specs import HardwareSpec, preset_for_device_name
-from .timing import OTHERS_BUSY_LIMIT
+from .timing import OTHERS_BUSY_LIMIT, quiet_wait_s, wait_for_quiet
 
 MIB, GIB = 2**20, 2**30
 CACHE_FORMAT = 4  # 2: the bandwidth curve, the caches, noisy figures; 3: the CPU's fp32 peak by the fastest of two paths;
@@ -116,6 +116,8 @@ def calibrate(device, plan: Plan | None = None) -> tuple[HardwareSpec, dict]:
     """Measure `device` ("cpu" | "cuda") now; return its calibrated HardwareSpec and provenance."""
     kind = _kind(device)
     plan = plan or PLANS[kind]
+    if kind == "cpu":  # not while the browser still draws the cell before (lesson 01 calibrates in the notebook)
+        wait_for_quiet(quiet_wait_s())
     start_s, load = time.perf_counter(), load_snapshot()
     caches = machine_caches(kind)
     sizes = working_set_sizes(top_bytes(plan, caches), caches[-1][1] if caches else None, plan.step)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import os
 import time
 from collections import OrderedDict
 
@@ -45,12 +44,6 @@ DEFAULT_MODEL = "lab-cpu"
 CPU_BUDGET_S = 2.0
 CPU_MAX_BUDGET_S = 5.0
 CPU_MAX_SAMPLES = 50
-# CPU: a point timed while other processes kept the cores busy (`timing.Timing.disturbed`: the
-# browser still drawing the last chart after "Run All", or the chart a slider just redrew) is timed
-# again once a moment is quiet, waiting up to this long for one. LABKIT_QUIET_WAIT_S sets it; 0 turns
-# the re-timing off, for a machine shared on purpose (the test suite's parallel workers, a workshop
-# server with several learners a core), where no quiet moment comes and each point would wait in vain.
-QUIET_WAIT_S = 2.0
 # A machine that gave no quiet moment in a whole wait is busy for a while (a neighbour's job, a
 # video call): the points of the next QUIET_RETRY_AFTER_S are timed once, flagged, not waited for.
 QUIET_RETRY_AFTER_S = 60.0
@@ -111,13 +104,13 @@ def _time(fn, device: str, repeats: int | None):
     flagged noisy). On a 2-core laptop the browser and JupyterLab share the cores with the
     measurement, and their bursts only ever add time; a steady load (the browser drawing the last
     chart throughout) slows every call alike, so a point timed while other processes kept the cores
-    busy (`Timing.disturbed`) is timed again after a quiet moment (QUIET_WAIT_S), and the quiet
+    busy (`Timing.disturbed`) is timed again after a quiet moment (timing.QUIET_WAIT_S), and the quiet
     figure kept. `repeats` caps the number of calls."""
     if device == "cuda":
         return measure.time_fn(fn, device, CUDA_WARMUP, repeats or CUDA_REPEATS, CUDA_BUDGET_S)
     most = max(2, repeats or CPU_MAX_SAMPLES)
     timing = measure.time_until_stable(fn, CPU_BUDGET_S, CPU_MAX_BUDGET_S, min(3, most), most)
-    wait_s = quiet_wait_s()
+    wait_s = measure.quiet_wait_s()
     if not timing.disturbed or not wait_s or time.monotonic() - _last_vain_wait[0] < QUIET_RETRY_AFTER_S:
         return timing
     if not measure.wait_for_quiet(wait_s):
@@ -128,18 +121,6 @@ def _time(fn, device: str, repeats: int | None):
     return again if not again.disturbed or again.estimate_s < timing.estimate_s else timing
 
 
-def quiet_wait_s() -> float:
-    """QUIET_WAIT_S, or LABKIT_QUIET_WAIT_S where set (a LabError if it is not a number >= 0)."""
-    raw = os.environ.get("LABKIT_QUIET_WAIT_S")
-    if raw is None:
-        return QUIET_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 600:
-        raise LabError(f"LABKIT_QUIET_WAIT_S must be seconds from 0 to 600, got {raw!r}")
-    return value
 
 
 def _point(phase, model: Llama, timing, flops, bytes_moved, work=None, **shape) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -45,6 +46,13 @@ OTHERS_BUSY_LIMIT = 0.15
 # /proc/stat counts in 10 ms ticks: a share is judged over at least this much wall time, so a
 # short figure is not "busy" for one tick of a kernel thread (2 %  of 2 cores over 0.25 s).
 BUSY_WINDOW_S = 0.25
+# CPU: a point (`sweeps`) timed while other processes kept the cores busy (`Timing.disturbed`: the
+# browser still drawing the last chart after "Run All", or the chart a slider just redrew) is timed
+# again once a moment is quiet, waiting up to this long for one; a calibration waits as long for a
+# quiet moment before it starts. LABKIT_QUIET_WAIT_S sets it (`quiet_wait_s`); 0 turns the waiting
+# off, for a machine shared on purpose (the test suite's parallel workers, a workshop server with
+# several learners a core), where no quiet moment comes and each point would wait in vain.
+QUIET_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -185,10 +193,26 @@ def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: f
     return dataclasses.replace(timing, others_busy_share=cpu_info.others_busy_share(load, BUSY_WINDOW_S))
 
 
+def quiet_wait_s() -> float:
+    """QUIET_WAIT_S, or LABKIT_QUIET_WAIT_S where set (a LabError if it is not a number >= 0)."""
+    raw = os.environ.get("LABKIT_QUIET_WAIT_S")
+    if raw is None:
+        return QUIET_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 600:
+        raise LabError(f"LABKIT_QUIET_WAIT_S must be seconds from 0 to 600, got {raw!r}")
+    return value
+
+
 def wait_for_quiet(max_wait_s: float, window_s: float = 0.1) -> bool:
     """Wait, up to `max_wait_s`, for a `window_s` in which other processes kept at most
     OTHERS_BUSY_LIMIT of the cores busy (a browser done drawing the last chart). True once one
-    came; False if none did, or the OS does not say."""
+    came; False if none did, or the OS does not say, or `max_wait_s` is 0 (no waiting)."""
+    if max_wait_s <= 0:
+        return False
     deadline = time.monotonic() + max_wait_s
     while True:
         load = cpu_info.load_snapshot()

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import torch
 
-from labkit import backend, calibrate, cpu_info, measure, recordings
+from labkit import backend, calibrate, cpu_info, measure, recordings, timing
 from labkit.calibrate import Plan
 from labkit.specs import HardwareSpec
 
@@ -450,3 +450,25 @@ def test_a_figure_during_which_other_processes_were_busy_is_noisy(monkeypatch, t
     monkeypatch.setattr(calibrate, "others_busy_share", lambda start, min_wall_s=0.0: seen.append(min_wall_s) or 0.0)
     calibrate.calibrate("cpu", TINY)  # each figure asked over the window, the whole run over its own time
     assert set(seen) == {0.0, calibrate.FIGURE_WINDOW_S} and seen.count(0.0) == 1
+
+
+def test_a_cpu_calibration_first_waits_for_a_quiet_moment(monkeypatch):
+    """Lesson 01 calibrates in the notebook, right after a cell whose chart the browser may still
+    be drawing: the calibration waits (up to timing.QUIET_WAIT_S, LABKIT_QUIET_WAIT_S) before its
+    first figure, so the browser's drawing does not land in its roofs."""
+    events = []
+    monkeypatch.setattr(calibrate, "wait_for_quiet", lambda wait_s: events.append(("wait", wait_s)) or True)
+    real = calibrate.load_snapshot
+    monkeypatch.setattr(calibrate, "load_snapshot", lambda: events.append(("start",)) or real())
+    monkeypatch.delenv("LABKIT_QUIET_WAIT_S", raising=False)
+    calibrate.calibrate("cpu", TINY)
+    assert events[:2] == [("wait", timing.QUIET_WAIT_S), ("start",)]
+    monkeypatch.setenv("LABKIT_QUIET_WAIT_S", "0.5")
+    events.clear()
+    calibrate.calibrate("cpu", TINY)
+    assert events[0] == ("wait", 0.5)
+
+
+def test_waiting_for_quiet_for_0_s_does_not_wait(monkeypatch):
+    monkeypatch.setattr(timing.time, "sleep", lambda s: pytest.fail("slept"))
+    assert timing.wait_for_quiet(0) is False

@@ -35,7 +35,7 @@ def test_the_timing_figures_are_labkit_s():
     assert f"in about {sweeps.CPU_BUDGET_S:.0f} s and at most {sweeps.CPU_MAX_BUDGET_S:.0f} s" in README
     assert f"for about {sweeps.CPU_BUDGET_S:.0f} s (up to {sweeps.CPU_MAX_BUDGET_S:.0f} s while the machine is busy)" in README
     assert f"past {timing.OTHERS_BUSY_LIMIT:.0%}".replace("%", " %") in README
-    assert f"(waiting up to {sweeps.QUIET_WAIT_S:.0f} s)" in README
+    assert f"(waiting up to {timing.QUIET_WAIT_S:.0f} s)" in README
 
 
 def test_the_calibration_figures_are_labkit_s():

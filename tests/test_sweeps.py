@@ -233,9 +233,10 @@ def test_a_cpu_point_timed_while_others_were_busy_is_timed_again_once_quiet(monk
     prefill 83 ms with others at 16 % of the cores, 65 ms from a terminal): after a quiet moment the
     point is timed again, and the quiet figure kept even where it is the slower; a second busy one
     is kept only where it is the faster."""
+    from labkit import timing
     monkeypatch.delenv("LABKIT_QUIET_WAIT_S", raising=False)
     kept, calls, waits = _cpu_timings(monkeypatch, [(0.083, 0.16), (0.065, 0.01)])()
-    assert (kept.estimate_s, calls, waits) == (0.065, 2, [sweeps.QUIET_WAIT_S]) and not kept.disturbed
+    assert (kept.estimate_s, calls, waits) == (0.065, 2, [timing.QUIET_WAIT_S]) and not kept.disturbed
     kept, calls, _ = _cpu_timings(monkeypatch, [(0.060, 0.16), (0.065, 0.01)])()
     assert kept.estimate_s == 0.065 and calls == 2
     kept, _, _ = _cpu_timings(monkeypatch, [(0.083, 0.5), (0.070, 0.3)])()
@@ -263,8 +264,9 @@ def test_labkit_quiet_wait_s_sets_the_wait_and_0_turns_the_timing_again_off(monk
     _, calls, waits = _cpu_timings(monkeypatch, [(0.083, 0.5)])()
     assert calls == 1 and waits == []
     monkeypatch.setenv("LABKIT_QUIET_WAIT_S", "0.5")
-    assert sweeps.quiet_wait_s() == 0.5
+    from labkit import timing
+    assert timing.quiet_wait_s() == 0.5
     for bad in ("-1", "soon", "nan", "1e9"):
         monkeypatch.setenv("LABKIT_QUIET_WAIT_S", bad)
         with pytest.raises(LabError, match="LABKIT_QUIET_WAIT_S must be seconds from 0 to 600"):
-            sweeps.quiet_wait_s()
+            timing.quiet_wait_s()
