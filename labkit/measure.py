@@ -36,7 +36,8 @@ from . import backend, roofline
 from .errors import LabError
 from .specs import HardwareSpec
 from .timing import (CONFIRM_TOLERANCE, MIN_SAMPLES, NOISY_SPREAD, Timing,  # noqa: F401 — re-exported
-                     call_seconds, quiet_wait_s, sample_until_stable, time_until_stable, wait_for_quiet)
+                     call_seconds, quiet_wait_s, sample_until_stable, time_on_a_quiet_cpu, time_until_stable,
+                     wait_for_quiet)
 from .units import format_rate, format_seconds  # noqa: F401 — re-exported: callers import them from here
 
 # On CUDA a call shorter than this is timed as the mean of back-to-back calls between one pair of

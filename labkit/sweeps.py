@@ -25,9 +25,7 @@ point without rebuilding the model.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-import time
 from collections import OrderedDict
 
 import torch
@@ -44,10 +42,6 @@ DEFAULT_MODEL = "lab-cpu"
 CPU_BUDGET_S = 2.0
 CPU_MAX_BUDGET_S = 5.0
 CPU_MAX_SAMPLES = 50
-# A machine that gave no quiet moment in a whole wait is busy for a while (a neighbour's job, a
-# video call): the points of the next QUIET_RETRY_AFTER_S are timed once, flagged, not waited for.
-QUIET_RETRY_AFTER_S = 60.0
-_last_vain_wait = [-math.inf]  # time.monotonic() when a wait last ended without a quiet moment
 CUDA_WARMUP, CUDA_REPEATS, CUDA_BUDGET_S = 2, 10, 2.0
 _MODELS: OrderedDict = OrderedDict()
 MAX_MODELS = 2  # each holds its weights and its last KV cache
@@ -99,26 +93,14 @@ def ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefil
 def _time(fn, device: str, repeats: int | None):
     """CUDA: measure.time_fn with warm-up (autotuning, clocks) and a 2 s budget; the median.
 
-    CPU: measure.time_until_stable — an untimed warm-up call, then the fastest call once a
+    CPU: measure.time_on_a_quiet_cpu — an untimed warm-up call, then the fastest call once a
     second one confirms it, within CPU_BUDGET_S (up to CPU_MAX_BUDGET_S while unconfirmed, then
-    flagged noisy). On a 2-core laptop the browser and JupyterLab share the cores with the
-    measurement, and their bursts only ever add time; a steady load (the browser drawing the last
-    chart throughout) slows every call alike, so a point timed while other processes kept the cores
-    busy (`Timing.disturbed`) is timed again after a quiet moment (timing.QUIET_WAIT_S), and the quiet
-    figure kept. `repeats` caps the number of calls."""
+    flagged noisy), timed again after a quiet moment where other processes kept the cores busy
+    meanwhile. `repeats` caps the number of calls."""
     if device == "cuda":
         return measure.time_fn(fn, device, CUDA_WARMUP, repeats or CUDA_REPEATS, CUDA_BUDGET_S)
     most = max(2, repeats or CPU_MAX_SAMPLES)
-    timing = measure.time_until_stable(fn, CPU_BUDGET_S, CPU_MAX_BUDGET_S, min(3, most), most)
-    wait_s = measure.quiet_wait_s()
-    if not timing.disturbed or not wait_s or time.monotonic() - _last_vain_wait[0] < QUIET_RETRY_AFTER_S:
-        return timing
-    if not measure.wait_for_quiet(wait_s):
-        _last_vain_wait[0] = time.monotonic()
-        return timing
-    again = measure.time_until_stable(fn, CPU_BUDGET_S, CPU_MAX_BUDGET_S, min(3, most), most)
-    # a quiet machine's figure is the one to keep; failing that, the faster (a load only adds time)
-    return again if not again.disturbed or again.estimate_s < timing.estimate_s else timing
+    return measure.time_on_a_quiet_cpu(fn, CPU_BUDGET_S, CPU_MAX_BUDGET_S, min(3, most), most)
 
 
 

@@ -214,7 +214,7 @@ def test_a_cache_dtype_the_cpu_does_not_offer_is_refused_before_anything_is_allo
 def _cpu_timings(monkeypatch, shares, quiet=True):
     """sweeps._time on the CPU with scripted timings (each call's estimate and others' share, in
     turn) and wait_for_quiet answering `quiet`; returns (the timing kept, calls made, waits made)."""
-    from labkit import measure, timing
+    from labkit import timing
     made, waits = [], []
 
     def fake_time(fn, *args):
@@ -222,9 +222,9 @@ def _cpu_timings(monkeypatch, shares, quiet=True):
         made.append(1)
         return timing.Timing((seconds, seconds), estimator="fastest", others_busy_share=share)
 
-    monkeypatch.setattr(measure, "time_until_stable", fake_time)
-    monkeypatch.setattr(measure, "wait_for_quiet", lambda wait_s: waits.append(wait_s) or quiet)
-    monkeypatch.setattr(sweeps, "_last_vain_wait", [-math.inf])
+    monkeypatch.setattr(timing, "time_until_stable", fake_time)
+    monkeypatch.setattr(timing, "wait_for_quiet", lambda wait_s: waits.append(wait_s) or quiet)
+    monkeypatch.setattr(timing, "_last_vain_wait", [-math.inf])
     return lambda: (sweeps._time(lambda: None, "cpu", None), len(made), waits)
 
 
@@ -254,7 +254,8 @@ def test_a_machine_with_no_quiet_moment_is_not_waited_for_again_for_a_while(monk
     assert kept.disturbed and calls == 1 and len(waits) == 1  # waited in vain, timed once, flagged
     _, calls, waits = run()
     assert calls == 2 and len(waits) == 1  # within QUIET_RETRY_AFTER_S: no second wait
-    monkeypatch.setattr(sweeps, "_last_vain_wait", [sweeps.time.monotonic() - sweeps.QUIET_RETRY_AFTER_S - 1])
+    from labkit import timing
+    monkeypatch.setattr(timing, "_last_vain_wait", [timing.time.monotonic() - timing.QUIET_RETRY_AFTER_S - 1])
     run()
     assert len(waits) == 2
 
