@@ -280,24 +280,31 @@ def add_rms_norm_variants(dtypes, shared_limit: int | None, capability: tuple | 
 
 
 def rope_store_variants(dtypes, shared_limit: int | None, capability: tuple | None = None) -> list[Variant]:
-    """Decode's RoPE and cache write for each activation dtype and cache dtype, at each head dim,
-    with the position from the cache's device lengths (a CUDA graph) or one int (eager)."""
+    """RoPE and the cache write for each activation dtype and cache dtype, at each head dim: a
+    decode step's (q heads out; the position from the cache's device lengths, a CUDA graph, or one
+    int, eager) and a prefill's (q and k heads out, one start for T tokens)."""
     rs = kernel_module("rope_store")
     kind = {"int8": rs.CACHE_INT8, "fp8": rs.CACHE_FP8}
-    H, Hkv, S = 32, 8, 8192  # the 8B's heads over an 8,192-position cache
+    H, Hkv, S, P = 32, 8, 8192, 4096  # the 8B's heads over an 8,192-position cache; a prefill of 4,096
+    forms = (("decode", True), ("decode", False), ("prefill", False))
     out = []
     for act in (d for d in ("fp16", "bf16", "fp32") if d in dtypes):
         for c_dt in dtypes:
-            for D, from_ptr in ((D, p) for D in HEAD_DIMS[:2] for p in (True, False)):  # a row: D is its width
+            for D, (form, from_ptr) in ((D, f) for D in HEAD_DIMS[:2] for f in forms):  # a row: D is its width
+                prefill = form == "prefill"
                 args = dict(qkv_ptr=Pointer(TRITON_DTYPE[act]), cos_ptr=Pointer("fp32"), sin_ptr=Pointer("fp32"),
                             q_ptr=Pointer(TRITON_DTYPE[act]), k_ptr=Pointer(TRITON_DTYPE[c_dt]),
                             v_ptr=Pointer(TRITON_DTYPE[c_dt]), k_scale_ptr=Pointer("fp32"),
-                            v_scale_ptr=Pointer("fp32"), pos_ptr=Pointer("i32"), pos0=0, H=H, Hkv=Hkv,
-                            stride_qkv=(H + 2 * Hkv) * D, stride_cos=D, stride_cb=Hkv * S * D, stride_ch=S * D,
+                            v_scale_ptr=Pointer("fp32"), pos_ptr=Pointer("i32"), pos0=0, T=P if prefill else 1,
+                            H=H, Hkv=Hkv, OUT_HEADS=H + Hkv if prefill else H, stride_qkv=(H + 2 * Hkv) * D,
+                            stride_cos_b=0 if prefill else D, stride_cos_t=D if prefill else 0,
+                            stride_cb=Hkv * S * D, stride_ch=S * D,
                             stride_cs=D, **_int8_scale_strides(c_dt, Hkv, S), HALF=D // 2,
                             CACHE_KIND=kind.get(c_dt, rs.CACHE_FLOAT), POS_FROM_PTR=from_ptr, BLOCK_HALF=D // 2)
-                out.append(Variant("rope_store", "_rope_store_kernel", args, 1, 3,
-                                   {"x": act, "cache": c_dt, "D": D, "POS_FROM_PTR": from_ptr}))
+                config = {"x": act, "cache": c_dt, "D": D, "form": form}
+                if not prefill:
+                    config["POS_FROM_PTR"] = from_ptr
+                out.append(Variant("rope_store", "_rope_store_kernel", args, 1, 3, config))
     return out
 
 

@@ -42,7 +42,7 @@ from .dtypes import COMPUTE_DTYPES, torch_dtype, with_article
 from .errors import LabError
 from .graphed_prefill import GraphedPrefill
 from .kvcache import DecodePlan, KVCache
-from .layer_math import rope_angles, rope_inverse_frequencies, rotate_qkv, swiglu
+from .layer_math import rope_angles, rope_inverse_frequencies, swiglu
 from .ops import TritonOps, choose_ops
 from .specs import ModelSpec, get_model
 
@@ -171,15 +171,6 @@ class Llama(nn.Module):
     # -------------------------------------------------------------- shared pieces of a layer
     # Each operation runs inside a part of `self.clock` (the breakdown's timer hook; OFF times
     # nothing): "products" the weight matrices, "attention", "other" everything else.
-    def _qkv(self, layer, normed, rope):
-        """normed [B, T, d] (the attention norm's output) -> q [B, H, T, dh], k, v [B, Hkv, T, dh]
-        (views), with RoPE (cos, sin) applied to q and k together."""
-        s = self.spec
-        with self.clock.time("products"):
-            qkv = self.ops.linear(normed, layer.wqkv)  # [B, T, q + 2 kv]
-        with self.clock.time("other"):
-            return rotate_qkv(qkv, s.n_heads, s.n_kv_heads, rope)
-
     def _add_norm(self, x, delta, weight):
         """(x + delta, its RMSNorm by `weight`): a residual add and the norm after it, one op
         (one kernel on the Triton path). delta None: (x, the norm of x)."""
@@ -273,9 +264,10 @@ class Llama(nn.Module):
             x = F.embedding(tokens, self.embed)  # [B, P, d]
         x, normed = self._add_norm(x, None, self.layers[0].attn_norm)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, normed, rope)
-            with clock.time("other"):
-                cache.update(i, k, v, start, rows)
+            with clock.time("products"):
+                qkv = self.ops.linear(normed, layer.wqkv)  # [b, P, q + 2 kv]
+            with clock.time("other"):  # RoPE on q and k, k and v into the cache: one kernel on Triton's path
+                q, k, v = self.ops.rope_and_store_prefill(qkv, rope, cache, i, start, rows)
             with clock.time("attention"):
                 if start:  # attend to the cached prefix too: read it back, dequantised
                     k, v = cache.read(i, start + P, rows, dtype=x.dtype)

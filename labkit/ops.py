@@ -3,9 +3,10 @@
     ops = choose_ops(None, torch.device("cpu"))   # TorchOps on the CPU, TritonOps on CUDA
     ops.linear(x, w); ops.prefill_attention(q, k, v); ops.decode_attention(q, cache, layer, ...)
 
-Between the products, `add_rms_norm` (a residual add and the norm after it) and decode's
-`rope_and_store` (RoPE, then K and V into the cache) are torch ops on the CPU and one kernel each
-on the Triton path, where a decode step's launches, not its bytes, set their cost.
+Between the products, `add_rms_norm` (a residual add and the norm after it), decode's
+`rope_and_store` and a prefill's `rope_and_store_prefill` (RoPE, then K and V into the cache) are
+torch ops on the CPU and one kernel each on the Triton path, where a decode step's launches, not
+its bytes, set their cost, and an eager prefill's (lesson 06's chunks) set its host's.
 
 `TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`) or, for many rows,
 torch's MKL on an Intel CPU and oneDNN's linear on an AMD one (`linear`), torch's SDPA for
@@ -124,6 +125,14 @@ class TorchOps:
         return q[:, :, 0]
 
     @staticmethod
+    def rope_and_store_prefill(qkv, rope, cache, layer, start, rows):
+        """A prefill's qkv [b, P, (H + 2 Hkv) dh] -> q [b, H, P, dh], k, v [b, Hkv, P, dh] (views),
+        RoPE on q and k, k and v written into cache rows `rows` at start .. start + P - 1."""
+        q, k, v = rotate_qkv(qkv, cache.spec.n_heads, cache.spec.n_kv_heads, rope)
+        cache.update(layer, k, v, start, rows)
+        return q, k, v
+
+    @staticmethod
     def decode_attention(q, cache, layer, lengths, max_length, mixed):
         """q [B, H, dh] over each row's first lengths[b] cached positions -> [B, H, dh]."""
         if cache.cache_dtype in ("int8", "fp8"):
@@ -171,6 +180,22 @@ class TritonOps:
         k_scale, v_scale = cache.layer_scales(layer)
         return rope_and_store(qkv.reshape(qkv.shape[0], -1), cos.reshape(-1, dh), sin.reshape(-1, dh),
                               cache.k[layer], cache.v[layer], k_scale, v_scale, positions)
+
+    @staticmethod
+    def rope_and_store_prefill(qkv, rope, cache, layer, start, rows):
+        """One kernel for a prefill's RoPE and cache write (kernels/rope_store.py): qkv [b, P, ...]
+        -> q [b, H, P, dh], k, v [b, Hkv, P, dh], views of the kernel's output and of qkv."""
+        from kernels.rope_store import rope_and_store_prefill  # on first use: see the class docstring
+        (cos, sin), spec = rope, cache.spec
+        H, Hkv, dh = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        k_scale, v_scale = cache.layer_scales(layer)
+        if k_scale is not None and k_scale.dim():  # int8: a scale per row and position; fp8's is the layer's
+            k_scale, v_scale = k_scale[rows], v_scale[rows]
+        qk = rope_and_store_prefill(qkv, cos.reshape(-1, dh), sin.reshape(-1, dh), cache.k[layer][rows],
+                                    cache.v[layer][rows], k_scale, v_scale, start)  # [b, P, H + Hkv, dh]
+        b, P = qkv.shape[:2]
+        v = qkv.view(b, P, H + 2 * Hkv, dh)[:, :, H + Hkv:]
+        return qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
     def decode_attention(q, cache, layer, lengths, max_length, mixed):

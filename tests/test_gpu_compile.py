@@ -77,6 +77,7 @@ def test_every_kernel_and_path_is_in_the_check():
     assert all(("async16" in v.checks) == (v.config["even_k"] and v.config["dtype"] != "fp32") for v in split)
     assert any("async16" in v.checks for v in split)
     assert {v.config["D"] for v in variants if v.kernel == "flash_attention"} == set(gc.HEAD_DIMS)
+    assert {v.config["form"] for v in variants if v.kernel == "rope_store"} == {"decode", "prefill"}
 
 
 def test_findings_name_each_problem():

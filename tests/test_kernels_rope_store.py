@@ -1,5 +1,5 @@
-"""kernels.rope_store (decode's RoPE and cache write, one kernel) against its reference and
-against the model's torch path (layer_math's RoPE, KVCache.update's scatter)."""
+"""kernels.rope_store (RoPE and the cache write, one kernel, for a decode step and for a prefill)
+against its reference and against the model's torch path (layer_math's RoPE, KVCache.update)."""
 import pytest
 import torch
 
@@ -10,7 +10,8 @@ if not triton_installed():  # macOS, Windows: no wheels; every kernel module imp
 
 from kernel_util import CUDA, DEVICE, FLOAT_TOL, gpu_only, needs_cuda_or_interpreter, tol  # noqa: E402
 from kernels.kv_quant import dequantize_kv  # noqa: E402
-from kernels.rope_store import rope_and_store, rope_and_store_reference  # noqa: E402
+from kernels.rope_store import (rope_and_store, rope_and_store_prefill,  # noqa: E402
+                                rope_and_store_prefill_reference, rope_and_store_reference)
 from kernels.tolerances import INT8_SCALES, kv_quant_code_tolerance  # noqa: E402
 from labkit.layer_math import rope_angles, rope_inverse_frequencies, rotate_qkv  # noqa: E402
 
@@ -132,3 +133,77 @@ def test_a_position_past_the_cache_is_refused():
     case = make_case(2, 4, 2, 9, 16, torch.float32, "fp32", [3, 8])
     with pytest.raises(ValueError, match=r"position 9 outside the cache's 0 \.\. 8"):
         rope_and_store(*case, 9)
+
+
+def make_prefill_case(B, T, H, Hkv, S, D, act, cache, start, seed=0):
+    """qkv [B, T, (H + 2 Hkv) D], cos/sin [T, D] of positions start .. start + T - 1, and caches
+    holding random codes, as make_case."""
+    qkv, _, _, k, v, ks, vs = make_case(B, H, Hkv, S, D, act, cache, [0] * B, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    qkv = (torch.randn(B, T, (H + 2 * Hkv) * D, generator=g) * 2).to(DEVICE, act)
+    positions = torch.arange(start, start + T)
+    cos, sin = (t.reshape(T, D).to(DEVICE) for t in rope_angles(positions, rope_inverse_frequencies(D, 10000.0)))
+    return qkv, cos, sin, k, v, ks, vs
+
+
+@pytest.mark.parametrize("cache", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("act", [torch.float32, torch.float16])
+@pytest.mark.parametrize("start", [0, 6])
+def test_prefill_kernel_matches_reference(cache, act, start):
+    # B = 2 sequences of T = 5 tokens at positions start .. start + 4 of 13 (start 6: up to the
+    # second last), GQA 3:1, D = 80 (half not a power of two)
+    B, T, H, Hkv, S, D = 2, 5, 6, 2, 13, 80
+    case = make_prefill_case(B, T, H, Hkv, S, D, act, cache, start)
+    got, want = clone(case), clone(case)
+    qk = rope_and_store_prefill(*got, start)
+    qk_ref = rope_and_store_prefill_reference(*want, start)
+    assert qk.shape == (B, T, H + Hkv, D) and qk.dtype == act
+    torch.testing.assert_close(qk.float(), qk_ref.float(), **FLOAT_TOL[act])
+    compare(got[3:], want[3:], cache, f"prefill, {cache} cache, {act}, start {start}")
+    written = torch.zeros(S, dtype=torch.bool)
+    written[start:start + T] = True
+    for new, old, name in ((got[3], case[3], "K"), (got[4], case[4], "V")):
+        assert torch.equal(new[:, :, ~written], old[:, :, ~written]), f"the kernel wrote {name} outside the new positions"
+        assert not torch.equal(new[:, :, written], old[:, :, written]), f"the kernel wrote no {name}"
+
+
+@pytest.mark.parametrize("cache", ["fp32", "int8"])
+def test_prefill_kernel_agrees_with_the_models_torch_path(cache):
+    """The independent path: layer_math's rotate_qkv (what TorchOps runs in a prefill) for q and k,
+    and KVCache.update's quantiser, dequantised, for what the kernel stored."""
+    B, T, H, Hkv, S, D, start = 2, 7, 4, 2, 12, 16, 3
+    case = make_prefill_case(B, T, H, Hkv, S, D, torch.float32, cache, start)
+    got = clone(case)
+    qk = rope_and_store_prefill(*got, start)
+    rope = tuple(t.view(T, 1, 2, D // 2) for t in case[1:3])
+    q_t, k_t, v_t = rotate_qkv(case[0], H, Hkv, rope)  # [B, heads, T, D]
+    torch.testing.assert_close(qk[:, :, :H], q_t.transpose(1, 2), **FLOAT_TOL[torch.float32])
+    torch.testing.assert_close(qk[:, :, H:], k_t.transpose(1, 2), **FLOAT_TOL[torch.float32])
+    for cached, scales, want in ((got[3], got[5], k_t), (got[4], got[6], v_t)):
+        rows = cached[:, :, start:start + T]  # [B, Hkv, T, D]
+        back = dequantize_kv(rows, scales[:, :, start:start + T]) if cache == "int8" else rows
+        step = want.abs().amax(-1, keepdim=True) / 127 if cache == "int8" else torch.zeros(())
+        assert ((back - want).abs() <= step / 2 + 1e-5).all(), f"{cache}: stored rows differ"
+
+
+@gpu_only("the interpreter's bf16 arithmetic is wrong in triton 3.9 (triton issue #11584), and its "
+          "in-kernel fp32 -> fp8 e4m3 cast is wrong for a few % of values")
+@pytest.mark.parametrize("cache", ["bf16", "int8", "fp8"])
+def test_prefill_bf16_activations_on_a_gpu(cache):
+    case = make_prefill_case(2, 300, 32, 8, 512, 128, torch.bfloat16, cache, 100)
+    got, want = clone(case), clone(case)
+    torch.testing.assert_close(rope_and_store_prefill(*got, 100).float(),
+                               rope_and_store_prefill_reference(*want, 100).float(), **FLOAT_TOL[torch.bfloat16])
+    compare(got[3:], want[3:], cache, f"prefill, bf16 activations, {cache} cache")
+
+
+@pytest.mark.parametrize("change,start,match", [
+    (lambda c: c, 8, r"positions 8 \.\. 8 \+ 5 - 1 outside the cache's 0 \.\. 11"),
+    (lambda c: (c[0], c[1][:-1], c[2][:-1], *c[3:]), 0, r"cos must be fp32 \[5, 16\]"),
+    (lambda c: (c[0][:, :, :-8], *c[1:]), 0, r"qkv must be \[2, 5, \(H \+ 2 \* 2\) \* 16\]"),
+    (lambda c: (c[0][0], *c[1:]), 0, r"qkv must be \[B, T, \(H \+ 2 Hkv\) \* D\]"),
+])
+def test_bad_prefill_arguments_are_refused_in_one_line(change, start, match):
+    case = change(make_prefill_case(2, 5, 4, 2, 12, 16, torch.float32, "fp32", 0))
+    with pytest.raises(ValueError, match=match):
+        rope_and_store_prefill(*case, start)

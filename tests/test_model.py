@@ -479,14 +479,45 @@ def test_the_fused_triton_ops_do_what_the_torch_ops_do(cache_dtype, lengths):
 @pytest.mark.triton
 @pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="no CUDA and TRITON_INTERPRET was not set before triton import")
+@pytest.mark.parametrize("cache_dtype", ["fp32", "fp16", "int8"])  # fp8: the interpreter miscasts it
+@pytest.mark.parametrize("rows,start", [(slice(None), 0), (slice(1, 2), 3)])
+def test_the_prefills_fused_rope_and_store_does_what_the_torch_ops_do(cache_dtype, rows, start):
+    """TritonOps' rope_and_store_prefill (a prefill's RoPE and cache write, one kernel) against
+    TorchOps' (layer_math's RoPE, KVCache.update) on two caches in the same state: the same q, k and
+    v, the same cache, a whole batch from position 0 and one slot's chunk after a cached prefix."""
+    from labkit.layer_math import rope_angles, rope_inverse_frequencies
+    from labkit.ops import TorchOps, TritonOps
+    device, s, P = ("cuda" if CUDA else "cpu"), TINY, 5
+    caches = [KVCache(s, 3, 12, cache_dtype, device, use_triton=True) for _ in range(2)]
+    g = torch.Generator().manual_seed(61)
+    for cache in caches:
+        cache.fill_random(12)
+    b = len(range(3)[rows])
+    rope = rope_angles(torch.arange(start, start + P, device=device), rope_inverse_frequencies(s.head_dim, s.rope_theta, device))
+    qkv = torch.randn(b, P, s.q_dim + 2 * s.kv_dim, generator=g).to(device)
+    got, want = (ops.rope_and_store_prefill(qkv, rope, cache, 1, start, rows)
+                 for ops, cache in zip((TritonOps, TorchOps), caches))
+    for name, a, w in zip("qkv", got, want):
+        assert a.shape == w.shape, name
+        assert_close(a, w, dict(atol=1e-5, rtol=1e-5), f"{name}, {cache_dtype} cache, rows {rows}, start {start}")
+    tol = TOL["int8"] if cache_dtype == "int8" else dict(atol=1e-3, rtol=1e-3)
+    for name, a, w in zip("kv", caches[0].read(1, 12), caches[1].read(1, 12)):
+        assert_close(a, w, tol, f"{name} cache, {cache_dtype}, rows {rows}, start {start}")
+    for name, a, w in zip("kv", caches[0].read(0, 12), caches[1].read(0, 12)):
+        assert torch.equal(a, w), f"layer 0's {name} cache changed"
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="no CUDA and TRITON_INTERPRET was not set before triton import")
 def test_the_triton_step_runs_the_fused_kernels_once_a_norm_and_once_a_layer(monkeypatch):
     """A decode step on the Triton path calls the add-and-norm kernel 2L + 1 times (the first norm,
     then two a layer, the last with the final norm) and the RoPE-and-store kernel once a layer; a
     prefill the norm kernel 2L + 1 times too (its last residual add is torch's, and the final norm
-    the kernel's on the last position alone)."""
+    the kernel's on the last position alone) and the prefill's RoPE-and-store once a layer."""
     import kernels.add_rms_norm as norm_kernel
     import kernels.rope_store as rope_kernel
-    calls = {"norm": 0, "rope": 0}
+    calls = {"norm": 0, "rope": 0, "rope_prefill": 0}
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -495,14 +526,15 @@ def test_the_triton_step_runs_the_fused_kernels_once_a_norm_and_once_a_layer(mon
         return wrapper
     monkeypatch.setattr(norm_kernel, "add_rms_norm", counted("norm", norm_kernel.add_rms_norm))
     monkeypatch.setattr(rope_kernel, "rope_and_store", counted("rope", rope_kernel.rope_and_store))
+    monkeypatch.setattr(rope_kernel, "rope_and_store_prefill", counted("rope_prefill", rope_kernel.rope_and_store_prefill))
     monkeypatch.setenv("LABKIT_CUDA_GRAPHS", "0")  # on CUDA: eager steps, no warm-up and capture to count
     device = "cuda" if CUDA else "cpu"
     model = Llama(TINY, batch=2, max_tokens=12, cache_dtype="fp32", device=device, compute_dtype="fp32",
                   kernels="triton")
     model.prefill(tokens_for(70, 2, 4).to(device))
-    assert calls == {"norm": 2 * TINY.n_layers + 1, "rope": 0}
+    assert calls == {"norm": 2 * TINY.n_layers + 1, "rope": 0, "rope_prefill": TINY.n_layers}
     model.decode_step(tokens_for(71, 2).to(device))
-    assert calls == {"norm": 2 * (2 * TINY.n_layers + 1), "rope": TINY.n_layers}
+    assert calls == {"norm": 2 * (2 * TINY.n_layers + 1), "rope": TINY.n_layers, "rope_prefill": TINY.n_layers}
 
 
 @pytest.mark.triton
