@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import backend, sweeps
+from . import backend, cpu_info, sweeps, timing
 from .errors import LabError, whole_number
-from .timing import HOST_BOUND_FRACTION
+from .timing import HOST_BOUND_FRACTION, OTHERS_BUSY_LIMIT
 
 BEFORE_STEPS = 4  # decode steps before the prompt arrives: the streams' undisturbed ITL
 AFTER_STEPS = 3  # decode steps after its prefill is done
@@ -58,6 +58,9 @@ class Timeline:
     # CUDA: the host's time to issue each chunk (the call returns before the GPU is done); a chunk
     # whose issuing took nearly its whole span waited for Python's launches, not for the GPU
     chunk_host_s: list[float] = field(default_factory=list)
+    # CPU: the share of the cores other processes kept busy while the timeline ran (None on CUDA,
+    # or where the OS does not say): a browser drawing meanwhile stretches every chunk and step
+    others_busy_share: float | None = None
 
     @property
     def chunked(self) -> bool:
@@ -83,6 +86,8 @@ class Timeline:
             "chunks_host_bound": (sum(host >= HOST_BOUND_FRACTION * (end - start)
                                       for host, (start, end) in zip(self.chunk_host_s, self.chunk_spans_s))
                                   if self.device == "cuda" else None),
+            "others_busy_share": self.others_busy_share,
+            "disturbed": self.others_busy_share is not None and self.others_busy_share > OTHERS_BUSY_LIMIT,
         }
 
 
@@ -112,6 +117,9 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
     # 4,096-token prompt unchunked, one process each): warmed by 256 tokens the stall took
     # 457-533 ms, by the whole prompt 391-399.
     built.prefill_slot(0, prompt[:chunk], long_cache, start=0)
+    if kind == "cpu":  # not while the browser still draws the cell before (the lesson's charts)
+        timing.wait_for_quiet(timing.quiet_wait_s())
+        load = cpu_info.load_snapshot()
     clock = _Clock(kind)
 
     def decode():
@@ -129,6 +137,8 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
         decode()
     for _ in range(AFTER_STEPS):
         decode()
+    if kind == "cpu":
+        line.others_busy_share = cpu_info.others_busy_share(load, timing.BUSY_WINDOW_S)
     return line
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import attention, backend, batching, calibrate, explore, roofline, sizes, sweeps, workloads
 from .errors import LabError
 from .specs import get_gpu, get_model
+from .timing import busy_phrase
 
 # What a learner without a keyboard "guessed": the naive answers the lessons set out to correct.
 DEFAULTS = {"decode_batch": 16.0, "prefill_growth": 8.0, "flash_speedup": 1.0, "context_slowdown": 1.0,
@@ -115,11 +116,13 @@ def reveal_stall(estimate: float, run, device: str | None = None) -> dict:
     roofline's time for that prefill."""
     model, kind, dtype, _, roof = _lab(device)
     timeline = run()
+    summary = timeline.summary()
     predicted = roofline.predicted_prefill_time_s(model, timeline.prompt_tokens, roof, 1, dtype, roofline.KERNEL)
+    busy = f"; {busy_phrase(summary['others_busy_share'])}" if summary["disturbed"] else ""
     return explore.reveal(f"worst gap between stream tokens while {timeline.prompt_tokens:,} prompt tokens are "
                           "prefilled in one pass", "ms", estimate, 1e3 * predicted,
-                          1e3 * timeline.summary()["itl_max_s"], timeline.device_name,
-                          "every stream waits for the whole prefill before its next token")
+                          1e3 * summary["itl_max_s"], timeline.device_name,
+                          "every stream waits for the whole prefill before its next token" + busy)
 
 
 def reveal_decode_heaviest(estimate: str, serve, titles: list[str], gpu: str = "H100-SXM") -> dict:

@@ -108,3 +108,26 @@ def test_settings_for_both_devices():
         assert low <= s["chunk_tokens"] <= high and s["prompt_tokens"] <= high
     with pytest.raises(LabError, match="known: cpu, cuda"):
         sizes.chunking("tpu")
+
+
+def test_a_cpu_timeline_starts_after_a_quiet_moment_and_says_how_busy_the_machine_was(monkeypatch):
+    """Lesson 06's stall in Chromium measured 544 ms where a terminal measured 391-399: the browser
+    drawing the cell before stretched the one timeline. It waits for a quiet moment first, records
+    other processes' share of the cores while it ran, and its status line and reveal say so when
+    it passed timing.OTHERS_BUSY_LIMIT."""
+    from labkit import explore, predict, timing
+    waits = []
+    monkeypatch.setattr(timing, "wait_for_quiet", lambda wait_s: waits.append(wait_s) or True)
+    monkeypatch.delenv("LABKIT_QUIET_WAIT_S", raising=False)
+    monkeypatch.setattr(i.cpu_info, "others_busy_share", lambda start, min_wall_s=0.0: 0.3)
+    line = i.run_timeline(chunk_tokens=64, **SIZES)
+    assert waits == [timing.QUIET_WAIT_S]
+    summary = line.summary()
+    assert summary["others_busy_share"] == 0.3 and summary["disturbed"]
+    busy = "other programs (a browser drawing?) kept 30% of the cores busy while it was timed"
+    assert explore.chunk_view(lambda chunk_tokens: line, line, 64)["status"].endswith(busy)
+    assert predict.reveal_stall(100.0, lambda: line, device="cpu")["gap"].endswith(busy + ".")
+    monkeypatch.setattr(i.cpu_info, "others_busy_share", lambda start, min_wall_s=0.0: 0.05)
+    quiet = i.run_timeline(chunk_tokens=64, **SIZES)
+    assert not quiet.summary()["disturbed"]
+    assert "busy" not in explore.chunk_view(lambda chunk_tokens: quiet, quiet, 64)["status"]

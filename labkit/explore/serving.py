@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import batching, workloads
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
+from ..timing import busy_phrase
 
 # ---- lesson 05: static vs continuous batching
 def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_s=None) -> dict:
@@ -85,7 +86,8 @@ def chunk_view(run, unchunked, chunk_tokens: int) -> dict:
     return {"timeline": timeline, "series": interference_series(timeline),
             "bars": interference_bars([unchunked, timeline]), "rows": interference_rows([unchunked, timeline]),
             "status": (f"measured on {summary['device_name']}: worst gap {summary['itl_max_s'] * 1e3:,.0f} ms, "
-                       f"prefill {summary['prefill_wall_s'] * 1e3:,.0f} ms" + _host_bound_chunks(summary))}
+                       f"prefill {summary['prefill_wall_s'] * 1e3:,.0f} ms" + _host_bound_chunks(summary)
+                       + (f"; {busy_phrase(summary['others_busy_share'])}" if summary.get("disturbed") else ""))}
 
 
 def _host_bound_chunks(summary: dict) -> str:
