@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import torch
 
-from . import backend, calibrate, gpu_profile, measure, roofline, sweeps
+from . import backend, calibrate, cpu_info, gpu_profile, measure, roofline, sweeps
 from .clock import CALL_BY_CALL, CATEGORIES, OFF, Clock
 from .errors import LabError
 from .specs import ModelSpec
-from .timing import call_seconds, sample_until_stable
+from .timing import (BUSY_WINDOW_S, OTHERS_BUSY_LIMIT, call_seconds, quiet_wait_s, sample_until_stable,
+                     wait_for_quiet)
 
 PARTS = (*CATEGORIES, "overhead")  # what a step's time is split into, in the charts' order
 NAMES = {"products": "matrix products", "attention": "attention", "other": "everything else", "overhead": "overhead"}
@@ -155,9 +156,13 @@ def _cpu_parts(built, step, after, budget_s: float) -> dict:
         after()
         return {"whole": whole_s, "timed": timed_s, **clock.seconds}
 
+    wait_for_quiet(quiet_wait_s())  # not while the browser still draws the last chart (as sweeps' points)
+    load = cpu_info.load_snapshot()
     timings = sample_until_stable(sample, budget_s, sweeps.CPU_MAX_BUDGET_S, max_samples=sweeps.CPU_MAX_SAMPLES)
+    others = cpu_info.others_busy_share(load, BUSY_WINDOW_S)
     return {**{name: t.estimate_s for name, t in timings.items()}, "noisy": any(t.noisy for t in timings.values()),
-            "samples": len(timings["whole"].samples_s), "form": CPU_FORM, "kernels": None}
+            "samples": len(timings["whole"].samples_s), "form": CPU_FORM, "kernels": None,
+            "others_busy_share": others, "disturbed": others is not None and others > OTHERS_BUSY_LIMIT}
 
 
 def _cuda_parts(built, step, after, budget_s: float) -> dict:
@@ -211,6 +216,8 @@ def _split(phase: str, built, timings: dict, work: dict, working_set_bytes: int,
             "time_s": whole_s, "timed_time_s": timings["timed"],
             "hook_cost_s": timings["timed"] - whole_s, "parts_time_s": parts_s,
             "parts_exceed_whole": parts_s > whole_s, "noisy": timings["noisy"],
+            # CPU: other processes' share of the cores while it was timed, and whether it passed the limit
+            "others_busy_share": timings.get("others_busy_share"), "disturbed": timings.get("disturbed", False),
             "samples": timings["samples"], "estimator": "median" if built.device.type == "cuda" else "fastest",
             "working_set_bytes": working_set_bytes, "roof_tier": roofline.memory_tier(working_set_bytes, hardware),
             "roof_bandwidth_bytes_per_s": roof.memory_bandwidth_bytes_per_s,

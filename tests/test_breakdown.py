@@ -316,6 +316,21 @@ def test_the_sentence_says_where_the_fraction_comes_from():
     assert "below the timing's resolution" in decode and "noisy" in decode
 
 
+def test_a_cpu_breakdown_waits_for_quiet_and_says_when_other_programs_were_busy(fake_roof, monkeypatch):
+    """As sweeps' points: the split starts after a quiet moment, records other processes' share of
+    the cores while it ran, and its sentence says so past timing.OTHERS_BUSY_LIMIT."""
+    from labkit import timing
+    waits = []
+    monkeypatch.setattr(breakdown, "wait_for_quiet", lambda wait_s: waits.append(wait_s) or True)
+    monkeypatch.delenv("LABKIT_QUIET_WAIT_S", raising=False)
+    monkeypatch.setattr(breakdown.cpu_info, "others_busy_share", lambda start, min_wall_s=0.0: 0.25)
+    b = breakdown.prefill_breakdown("lab-tiny", 16, device="cpu", budget_s=0.2)
+    assert waits == [timing.QUIET_WAIT_S] and b["others_busy_share"] == 0.25 and b["disturbed"]
+    assert ("other programs (a browser drawing?) kept 25% of the cores busy while it was timed: run it again "
+            "when it is quieter") in explore.breakdown_line(b)
+    assert "busy" not in explore.breakdown_line({**b, "others_busy_share": 0.0, "disturbed": False})
+
+
 def test_the_bars_and_the_lab_draw_the_record():
     pytest.importorskip("plotly")
     from labkit import views  # Jupyter side: plotly and ipywidgets

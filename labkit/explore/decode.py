@@ -6,6 +6,7 @@ import math
 
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
+from ..timing import busy_phrase
 from ..units import format_seconds
 from .phases import decode_prediction, with_plan_and_tiers
 from .points import above_roof_note, moment_note, roof_phrase
@@ -56,6 +57,8 @@ def breakdown_line(b: dict) -> str:
                      "so its overhead is below the timing's resolution and shown as 0")
     if b["noisy"]:
         notes.append("noisy: the machine was busy, run it again when it is quieter")
+    if b.get("disturbed"):
+        notes.append(busy_phrase(b["others_busy_share"]) + ": run it again when it is quieter")
     # far from its roof: what the bandwidth of its moment said (`sweeps.moment`), else over it why it can be
     beyond = moment_note(b, ": its parts above say where") or above_roof_note(b["step_fraction"])
     if beyond:
