@@ -5,7 +5,8 @@
   decode_attention  one query per sequence over a (quantised) KV cache, split-KV
   kv_quant          int8 / fp8 KV-cache quantisation
   add_rms_norm      a residual add and the RMSNorm after it, one pass
-  rope_store        decode's RoPE on q and k and its K/V cache write, one launch
+  rope_store        RoPE on q and k and the K/V cache write, one launch (a decode step's or a prefill's)
+  swiglu            the MLP's gate, silu(gate) * up, one pass
 
 On a machine without CUDA, set TRITON_INTERPRET=1 before importing triton to run the kernels in
 Triton's interpreter (slow; for tests).
@@ -25,6 +26,8 @@ _HOMES = {
     "matmul": "matmul", "matmul_reference": "matmul",
     "add_rms_norm": "add_rms_norm", "add_rms_norm_reference": "add_rms_norm",
     "rope_and_store": "rope_store", "rope_and_store_reference": "rope_store",
+    "rope_and_store_prefill": "rope_store", "rope_and_store_prefill_reference": "rope_store",
+    "swiglu": "swiglu", "swiglu_reference": "swiglu",
 }
 
 __all__ = sorted(_HOMES)

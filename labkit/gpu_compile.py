@@ -42,7 +42,7 @@ from .specs import gpu_limits
 
 # (target name, the GPUS preset whose limits it is checked against)
 TARGETS = {"sm_75": "T4", "sm_80": "A100-80GB", "sm_89": "L4", "sm_90a": "H100-SXM"}
-KERNEL_NAMES = ("matmul", "flash_attention", "decode_attention", "kv_quant", "add_rms_norm", "rope_store")
+KERNEL_NAMES = ("matmul", "flash_attention", "decode_attention", "kv_quant", "add_rms_norm", "rope_store", "swiglu")
 # Head dims: the lab's GPU model (Llama 3.1 8B: 128), the dry run's lab-tiny (16), and 256, the
 # largest the attention wrappers accept (where shared memory is tightest).
 HEAD_DIMS = (16, 128, 256)
@@ -308,9 +308,22 @@ def rope_store_variants(dtypes, shared_limit: int | None, capability: tuple | No
     return out
 
 
+def swiglu_variants(dtypes, shared_limit: int | None, capability: tuple | None = None) -> list[Variant]:
+    """The MLP's gate for each activation dtype, at the 8B's width (14,336) and lab-tiny's (the dry
+    run's), in blocks of BLOCK_F columns."""
+    sw = kernel_module("swiglu")
+    out = []
+    for dt in (d for d in ("fp16", "bf16", "fp32") if d in dtypes):
+        for F in (14336, 128):
+            args = dict(gate_up_ptr=Pointer(TRITON_DTYPE[dt]), out_ptr=Pointer(TRITON_DTYPE[dt]), R=65536, F=F,
+                        stride_gu=2 * F, BLOCK=sw.BLOCK_F)
+            out.append(Variant("swiglu", "_swiglu_kernel", args, 8, 3, {"x": dt, "F": F}))
+    return out
+
+
 VARIANTS = {"matmul": matmul_variants, "flash_attention": flash_variants,
             "decode_attention": decode_variants, "kv_quant": kv_quant_variants,
-            "add_rms_norm": add_rms_norm_variants, "rope_store": rope_store_variants}
+            "add_rms_norm": add_rms_norm_variants, "rope_store": rope_store_variants, "swiglu": swiglu_variants}
 
 
 # ---------------------------------------------------------------- compiling one variant

@@ -80,6 +80,7 @@ def correctness_section(run: Run) -> dict:
               for B, S in s.decode_checks for c in cache_dtypes(run, run.dtype)]
     steps += [(f"kv_quant {c}", lambda c=c: check_kv_quant(run, c)) for c in ("int8", "fp8")]
     steps += [("add_rms_norm", lambda: check_add_rms_norm(run))]
+    steps += [("swiglu", lambda: check_swiglu(run))]
     steps += [(f"rope_store {c}", lambda c=c: check_rope_store(run, c)) for c in cache_dtypes(run, run.dtype)]
     checks = run_steps(run, steps)
     # A check the budget skipped did not fail, but it did not pass either: the summary names it.
@@ -179,6 +180,16 @@ def check_add_rms_norm(run: Run) -> dict:
                      kernel="add_rms_norm", shape={"R": B, "N": H * D})
     sums = compare(run, "add_rms_norm sum", total, total_ref, float_tolerance(run.dtype))
     return {**result, "passed": result["passed"] and sums["passed"]}
+
+
+def check_swiglu(run: Run) -> dict:
+    """The MLP's gate over a decode batch of rows as wide as the model's hidden size (H * D) twice."""
+    from kernels.swiglu import swiglu, swiglu_reference  # triton: after the interpreter choice
+    from kernels.tolerances import float_tolerance  # triton: after the interpreter choice
+    (B, _), (H, _, D) = run.sizes.decode_checks[0], run.sizes.heads
+    gate_up = randn(run, (B, 2 * H * D), 19, scale=3.0)
+    return compare(run, "swiglu", swiglu(gate_up), swiglu_reference(gate_up), float_tolerance(run.dtype),
+                   kernel="swiglu", shape={"R": B, "F": H * D})
 
 
 def check_rope_store(run: Run, cache_dtype: str) -> dict:

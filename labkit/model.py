@@ -42,7 +42,7 @@ from .dtypes import COMPUTE_DTYPES, torch_dtype, with_article
 from .errors import LabError
 from .graphed_prefill import GraphedPrefill
 from .kvcache import DecodePlan, KVCache
-from .layer_math import rope_angles, rope_inverse_frequencies, swiglu
+from .layer_math import rope_angles, rope_inverse_frequencies
 from .ops import TritonOps, choose_ops
 from .specs import ModelSpec, get_model
 
@@ -188,10 +188,9 @@ class Llama(nn.Module):
             o = self.ops.linear(heads, layer.wo)
         x, normed = self._add_norm(x, o, layer.mlp_norm)
         with clock.time("products"):
-            gate_up = self.ops.linear(normed, layer.w_gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)  # [B, T, ffn] each
+            gate_up = self.ops.linear(normed, layer.w_gate_up)  # [B, T, 2 ffn]: gate, then up
         with clock.time("other"):
-            gated = swiglu(gate, up)
+            gated = self.ops.swiglu(gate_up)  # [B, T, ffn]
         with clock.time("products"):
             down = self.ops.linear(gated, layer.w_down)
         if next_norm is None:

@@ -4,9 +4,10 @@
     ops.linear(x, w); ops.prefill_attention(q, k, v); ops.decode_attention(q, cache, layer, ...)
 
 Between the products, `add_rms_norm` (a residual add and the norm after it), decode's
-`rope_and_store` and a prefill's `rope_and_store_prefill` (RoPE, then K and V into the cache) are
-torch ops on the CPU and one kernel each on the Triton path, where a decode step's launches, not
-its bytes, set their cost, and an eager prefill's (lesson 06's chunks) set its host's.
+`rope_and_store` and a prefill's `rope_and_store_prefill` (RoPE, then K and V into the cache), and
+`swiglu` (the MLP's gate) are torch ops on the CPU and one kernel each on the Triton path, where a
+decode step's launches, not its bytes, set their cost, and an eager prefill's (lesson 06's chunks)
+set its host's.
 
 `TorchOps` is the CPU path: fp32 linears through numpy's OpenBLAS (`cpu_blas`) or, for many rows,
 torch's MKL on an Intel CPU and oneDNN's linear on an AMD one (`linear`), torch's SDPA for
@@ -32,7 +33,7 @@ from . import backend, cpu_info
 from .cpu_blas import blas_matmul
 from .cpu_prefill_attention import blocked_prefill_attention, sdpa_prefill_attention
 from .errors import LabError
-from .layer_math import rms_norm, rotate_qkv
+from .layer_math import rms_norm, rotate_qkv, swiglu
 
 # The int8/fp8 decode attention's fp32 temporaries per chunk: small enough to stay in L2/L3
 # (chunks of tens of MiB spill to memory and ran several times slower).
@@ -117,6 +118,12 @@ class TorchOps:
         return x, rms_norm(x, weight, eps)
 
     @staticmethod
+    def swiglu(gate_up):
+        """gate_up [..., 2 ffn] (the fused product's gate half, then its up half) -> silu(gate) * up
+        [..., ffn]: two torch ops."""
+        return swiglu(*gate_up.chunk(2, dim=-1))
+
+    @staticmethod
     def rope_and_store(qkv, rope, cache, layer, positions):
         """Decode's qkv [B, 1, (H + 2 Hkv) dh] -> q [B, H, dh], RoPE on q and k, k and v
         written into `cache` at `positions` (an int, or a tensor [B]: `KVCache.update`)."""
@@ -180,6 +187,12 @@ class TritonOps:
         k_scale, v_scale = cache.layer_scales(layer)
         return rope_and_store(qkv.reshape(qkv.shape[0], -1), cos.reshape(-1, dh), sin.reshape(-1, dh),
                               cache.k[layer], cache.v[layer], k_scale, v_scale, positions)
+
+    @staticmethod
+    def swiglu(gate_up):
+        """One kernel for the MLP's gate (kernels/swiglu.py): gate_up [..., 2 ffn] -> [..., ffn]."""
+        from kernels.swiglu import swiglu  # on first use: see the class docstring
+        return swiglu(gate_up.reshape(-1, gate_up.shape[-1])).view(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
     @staticmethod
     def rope_and_store_prefill(qkv, rope, cache, layer, start, rows):

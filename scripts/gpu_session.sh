@@ -44,7 +44,8 @@ if [ "${DRY:-0}" != 1 ] && "$py" -c "import pytest" 2>/dev/null; then
     step pytest-gpu 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_graphed_prefill.py \
         tests/test_breakdown.py tests/test_model.py tests/test_graphed_decode.py
     step pytest-gpu 150 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_add_rms_norm.py \
-        tests/test_kernels_rope_store.py tests/test_kernels_decode_attention.py tests/test_kernels_kv_quant.py \
+        tests/test_kernels_rope_store.py tests/test_kernels_swiglu.py tests/test_kernels_decode_attention.py \
+        tests/test_kernels_kv_quant.py \
         tests/test_kernels_matmul.py tests/test_kernels_flash_attention.py
 else
     echo "[gpu_session] pytest-gpu: skipped (DRY=1, or no pytest here)"

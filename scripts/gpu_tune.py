@@ -21,8 +21,9 @@ What it does, each part within its share of --budget-s:
      per cache dtype by geometric mean of time;
   3. the decode step (labkit.sweeps.measure_decode, CUDA graph) at a few points with the
      current tiles, a profile of one step by kernel, the first points again with the residual
-     adds, norms, RoPE and cache writes as torch's separate ops (what kernels/add_rms_norm.py and
-     kernels/rope_store.py replaced: "unfused"), then the points with the best tiles;
+     adds, norms, RoPE, cache writes and SwiGLU as torch's separate ops (what kernels/add_rms_norm.py,
+     kernels/rope_store.py and kernels/swiglu.py replaced: "unfused"), then the points with the best
+     tiles;
   4. the 8B's prefill at P = 512 and 2,048, eagerly (outside a timing loop's `repeating`) and
      replayed as a CUDA graph (labkit.graphed_prefill): the host's time to issue an eager prefill
      beside the GPU's time for it, the kernels it launches, and where the host's time goes
@@ -460,10 +461,11 @@ def time_prefill(run, deadline: float, _result) -> dict:
 
 @contextlib.contextmanager
 def torch_elementwise_ops():
-    """TritonOps' fused residual-add-and-norm and RoPE-and-cache-write swapped for TorchOps' torch
-    ops for the duration: the step as it ran before kernels/add_rms_norm.py and rope_store.py."""
+    """TritonOps' fused residual-add-and-norm, RoPE-and-cache-write and SwiGLU swapped for TorchOps'
+    torch ops for the duration: the step as it ran before kernels/add_rms_norm.py, rope_store.py
+    and swiglu.py."""
     from labkit.ops import TorchOps, TritonOps
-    names = ("add_rms_norm", "rope_and_store")
+    names = ("add_rms_norm", "rope_and_store", "rope_and_store_prefill", "swiglu")
     saved = {name: TritonOps.__dict__[name] for name in names}
     try:
         for name in names:

@@ -84,7 +84,7 @@ def test_dry_run_correctness_checks_all_kernels_and_pass(dry_run):
     checks = steps(record, "checks")
     assert record["all_passed"] is True
     assert {c.get("kernel") for c in checks if "skipped" not in c} == {
-        "matmul", "flash_attention", "decode_attention", "kv_quant", "add_rms_norm", "rope_store"}
+        "matmul", "flash_attention", "decode_attention", "kv_quant", "add_rms_norm", "rope_store", "swiglu"}
     for check in checks:
         assert check["passed"], check
         if "skipped" not in check:  # the fp8 quantiser needs a GPU (the interpreter miscasts it)

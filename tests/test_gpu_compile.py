@@ -70,7 +70,7 @@ def test_every_kernel_and_path_is_in_the_check():
                      ("matmul", "_split_k_sum_kernel"), ("flash_attention", "_flash_attention_kernel"),
                      ("decode_attention", "_decode_split_kernel"), ("decode_attention", "_decode_combine_kernel"),
                      ("kv_quant", "_quantize_kv_kernel"), ("add_rms_norm", "_add_rms_norm_kernel"),
-                     ("rope_store", "_rope_store_kernel")}
+                     ("rope_store", "_rope_store_kernel"), ("swiglu", "_swiglu_kernel")}
     bf16 = [v for v in variants if v.fn_name == "_matmul_kernel" and v.config["dtype"] == "bf16"]
     assert len(bf16) == len(MM.TILES_16BIT) and all("wgmma" in v.checks for v in bf16)
     split = [v for v in variants if v.fn_name == "_matmul_split_k_kernel"]

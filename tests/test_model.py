@@ -514,10 +514,12 @@ def test_the_triton_step_runs_the_fused_kernels_once_a_norm_and_once_a_layer(mon
     """A decode step on the Triton path calls the add-and-norm kernel 2L + 1 times (the first norm,
     then two a layer, the last with the final norm) and the RoPE-and-store kernel once a layer; a
     prefill the norm kernel 2L + 1 times too (its last residual add is torch's, and the final norm
-    the kernel's on the last position alone) and the prefill's RoPE-and-store once a layer."""
+    the kernel's on the last position alone) and the prefill's RoPE-and-store once a layer; both the
+    SwiGLU kernel once a layer."""
     import kernels.add_rms_norm as norm_kernel
     import kernels.rope_store as rope_kernel
-    calls = {"norm": 0, "rope": 0, "rope_prefill": 0}
+    import kernels.swiglu as swiglu_kernel
+    calls = {"norm": 0, "rope": 0, "rope_prefill": 0, "swiglu": 0}
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -527,14 +529,16 @@ def test_the_triton_step_runs_the_fused_kernels_once_a_norm_and_once_a_layer(mon
     monkeypatch.setattr(norm_kernel, "add_rms_norm", counted("norm", norm_kernel.add_rms_norm))
     monkeypatch.setattr(rope_kernel, "rope_and_store", counted("rope", rope_kernel.rope_and_store))
     monkeypatch.setattr(rope_kernel, "rope_and_store_prefill", counted("rope_prefill", rope_kernel.rope_and_store_prefill))
+    monkeypatch.setattr(swiglu_kernel, "swiglu", counted("swiglu", swiglu_kernel.swiglu))
     monkeypatch.setenv("LABKIT_CUDA_GRAPHS", "0")  # on CUDA: eager steps, no warm-up and capture to count
     device = "cuda" if CUDA else "cpu"
     model = Llama(TINY, batch=2, max_tokens=12, cache_dtype="fp32", device=device, compute_dtype="fp32",
                   kernels="triton")
     model.prefill(tokens_for(70, 2, 4).to(device))
-    assert calls == {"norm": 2 * TINY.n_layers + 1, "rope": 0, "rope_prefill": TINY.n_layers}
+    L = TINY.n_layers
+    assert calls == {"norm": 2 * L + 1, "rope": 0, "rope_prefill": L, "swiglu": L}
     model.decode_step(tokens_for(71, 2).to(device))
-    assert calls == {"norm": 2 * (2 * TINY.n_layers + 1), "rope": TINY.n_layers, "rope_prefill": TINY.n_layers}
+    assert calls == {"norm": 2 * (2 * L + 1), "rope": L, "rope_prefill": L, "swiglu": 2 * L}
 
 
 @pytest.mark.triton

@@ -93,6 +93,7 @@ def test_the_cpu_tests_pass_and_name_what_they_skip():
         assert run.returncode == 0, f"the CPU tests failed without Triton: {summary}\n{run.stdout[-6000:]}"
     done = subprocess.CompletedProcess(done[0].args, 0, "\n".join(run.stdout for run in done))
     for name in ("test_kernels_matmul", "test_kernels_flash_attention", "test_kernels_decode_attention",
-                 "test_kernels_kv_quant", "test_kernels_add_rms_norm", "test_kernels_rope_store", "test_gpu_compile"):
+                 "test_kernels_kv_quant", "test_kernels_add_rms_norm", "test_kernels_rope_store", "test_kernels_swiglu",
+                 "test_gpu_compile"):
         assert re.search(rf"tests/{name}\.py:\d+: {re.escape(SKIPPED)}", done.stdout), f"{name}: not skipped, or not saying why"
     assert "No module named 'triton'" not in done.stdout, done.stdout[-6000:]
