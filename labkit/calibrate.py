@@ -56,8 +56,8 @@ from typing import Callable
 import torch
 
 from . import cpu_info, roofline
-from .cpu_info import load_snapshot, others_busy_share
 from .backend import check_fits, device_name, total_memory_bytes
+from .cpu_info import load_snapshot, others_busy_share
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .measure import format_rate, time_fn, time_until_stable
 from .recordings import provenance as base_provenance
@@ -76,8 +76,7 @@ MIN_SAMPLE_S = 2e-3  # a CPU call shorter than this is repeated back to back wit
 CPU_MAX_SAMPLES = 100
 # A CPU calibration during which other processes kept more than timing.OTHERS_BUSY_LIMIT of all
 # cores busy is noisy: its roofs are a loaded machine's (issue 13: 12.1 GB/s cached during a test
-# run, 20.0 idle) ... and so is a figure during which they did, over a window of at least this
-# long (`_figure`).
+# run, 20.0 idle). So is a figure during which they did, judged over at least this long (`_figure`).
 FIGURE_WINDOW_S = 1.0
 ROW = 256  # the GEMV read's row length (the lab-cpu model's hidden size)
 QUANTUM = 2 * ROW * 4  # working sets a whole number of pairs of fp32 rows of ROW (pairs: the sizes of earlier calibrations)

@@ -28,8 +28,8 @@ from __future__ import annotations
 import os
 import platform
 import re
-import time
 import subprocess
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path

@@ -103,8 +103,6 @@ def _time(fn, device: str, repeats: int | None):
     return measure.time_on_a_quiet_cpu(fn, CPU_BUDGET_S, CPU_MAX_BUDGET_S, min(3, most), most)
 
 
-
-
 def _point(phase, model: Llama, timing, flops, bytes_moved, work=None, **shape) -> dict:
     """The flat dict every measurement returns (units in the keys). The working set is the bytes
     the step moves (`bytes_moved`: each weight and cache byte once), and the roof is the

@@ -202,6 +202,7 @@ KERNEL_NAMES = {
     "void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous namespace)::silu_kernel(at::TensorIte":
         "other",
     "Memcpy DtoD (Device -> Device)": "other", "memcpy32_post": "other",
+    "_rope_store_kernel": "other", "_swiglu_kernel": "other", "_add_rms_norm_kernel": "other",
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas":
         "products",
     "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTN": "products",
