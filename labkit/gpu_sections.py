@@ -82,6 +82,8 @@ def correctness_section(run: Run) -> dict:
     steps += [("add_rms_norm", lambda: check_add_rms_norm(run))]
     steps += [("swiglu", lambda: check_swiglu(run))]
     steps += [(f"rope_store {c}", lambda c=c: check_rope_store(run, c)) for c in cache_dtypes(run, run.dtype)]
+    steps += [(f"rope_store prefill {c}", lambda c=c: check_rope_store_prefill(run, c))
+              for c in cache_dtypes(run, run.dtype)]
     checks = run_steps(run, steps)
     # A check the budget skipped did not fail, but it did not pass either: the summary names it.
     run.results["correctness_passed"] = all(c.get("passed", True) for c in checks)
@@ -219,6 +221,39 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
         else float_tolerance(cache_dtype)
     for name, got, want in zip(("k", "v"), mine[:2], ref[:2]):
         stored = compare(run, f"rope_store {cache_dtype} {name} cache", got.float(), want.float(), codes)
+        result["passed"] = result["passed"] and stored["passed"]
+    return result
+
+
+def check_rope_store_prefill(run: Run, cache_dtype: str) -> dict:
+    """A prefill's RoPE and cache write: the last flash check's P tokens of each sequence after
+    a cached prefix, q and k rotated, and the cache rows it wrote, against the reference on a copy
+    of the same cache (codes for int8/fp8)."""
+    import torch  # after the arguments are checked
+    from kernels.rope_store import rope_and_store_prefill, rope_and_store_prefill_reference  # triton: after the interpreter choice
+    from kernels.tolerances import float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
+
+    from .layer_math import rope_angles, rope_inverse_frequencies  # loads torch
+    if cache_dtype == "fp8" and run.device != "cuda":
+        run.log("rope_store prefill fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
+        return {"kernel": "rope_store", "cache_dtype": "fp8", "passed": True,
+                "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
+    (B, _), (P, S), (H, Hkv, D) = run.sizes.decode_checks[0], run.sizes.flash_checks[-1], run.sizes.heads
+    start = S - P  # the prompt's last P positions: a chunk after a cached prefix (0 for a whole prompt)
+    qkv = randn(run, (B, P, (H + 2 * Hkv) * D), 20, scale=2.0)
+    cache = quantized_cache(run, randn(run, (B, Hkv, S, D), 21), randn(run, (B, Hkv, S, D), 22), cache_dtype)
+    inv_freq = rope_inverse_frequencies(D, get_model(run.sizes.model).rope_theta, run.device)
+    cos, sin = (t.reshape(P, D) for t in rope_angles(torch.arange(start, S, device=run.device), inv_freq))
+    mine, ref = ([t if t is None else t.clone() for t in cache] for _ in range(2))  # the kernel's and the reference's
+    qk = rope_and_store_prefill(qkv, cos, sin, *mine, start)
+    qk_ref = rope_and_store_prefill_reference(qkv, cos, sin, *ref, start)
+    result = compare(run, f"rope_store prefill {cache_dtype} q, k", qk, qk_ref, float_tolerance(run.dtype),
+                     kernel="rope_store", cache_dtype=cache_dtype,
+                     shape={"B": B, "P": P, "S": S, "H": H, "Hkv": Hkv, "D": D})
+    codes = kv_quant_code_tolerance(cache_dtype, run.device == "cuda") if cache_dtype in ("int8", "fp8") \
+        else float_tolerance(cache_dtype)
+    for name, got, want in zip(("k", "v"), mine[:2], ref[:2]):
+        stored = compare(run, f"rope_store prefill {cache_dtype} {name} cache", got.float(), want.float(), codes)
         result["passed"] = result["passed"] and stored["passed"]
     return result
 

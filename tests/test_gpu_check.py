@@ -63,7 +63,7 @@ def test_dry_run_writes_one_recording_per_section(dry_run):
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["dry_run"] is True and summary["correctness_passed"]
     # the checks the interpreter cannot run (an in-kernel fp8 cast) are named, with why; nothing else was left out
-    assert list(summary["correctness_not_run"]) == ["kv_quant fp8", "rope_store fp8"]
+    assert list(summary["correctness_not_run"]) == ["kv_quant fp8", "rope_store fp8", "rope_store prefill fp8"]
     assert summary["gpu_check"].startswith("ok, but not run: kv_quant fp8 (needs a GPU")
     assert not list(out.glob("*.partial.jsonl")), "a finished section's partial log is replaced by its recording"
     assert len(summary["recordings"]) == len(SECTIONS)
