@@ -23,7 +23,7 @@ Each figure is repeated until it is trustworthy: on a CPU the fastest call count
 second call comes within timing.CONFIRM_TOLERANCE (10 %) of it (`timing.time_until_stable`); on
 CUDA the median of event-timed samples whose spread is under timing.NOISY_SPREAD (25 %). A figure
 that does not get there within its budget is named in info["noisy"]; so is a CPU calibration
-during which other processes kept more than OTHERS_BUSY_LIMIT (15 %) of the cores busy (a steady
+during which other processes kept more than timing.OTHERS_BUSY_LIMIT (8 %) of the cores busy (a steady
 load confirms its own, slower, figures), and so is any one figure during which they did (judged
 over at least FIGURE_WINDOW_S: a load during the matmul alone halved the fp32 peak while the whole
 run's share stayed under the limit). Such a calibration is kept for this process only, never
