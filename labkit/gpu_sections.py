@@ -199,13 +199,11 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
     against the reference on a copy of the same cache (codes for int8/fp8)."""
     import torch  # after the arguments are checked
     from kernels.rope_store import rope_and_store, rope_and_store_reference  # triton: after the interpreter choice
-    from kernels.tolerances import float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
+    from kernels.tolerances import float_tolerance  # triton: after the interpreter choice
 
     from .layer_math import rope_angles, rope_inverse_frequencies  # loads torch
     if cache_dtype == "fp8" and run.device != "cuda":
-        run.log("rope_store fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
-        return {"kernel": "rope_store", "cache_dtype": "fp8", "passed": True,
-                "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
+        return _fp8_needs_a_gpu(run, "rope_store")
     (B, S), (H, Hkv, D) = run.sizes.decode_checks[0], run.sizes.heads
     qkv = randn(run, (B, (H + 2 * Hkv) * D), 14, scale=2.0)
     cache = quantized_cache(run, randn(run, (B, Hkv, S, D), 16), randn(run, (B, Hkv, S, D), 17), cache_dtype)
@@ -217,10 +215,25 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
     q, q_ref = rope_and_store(qkv, cos, sin, *mine, positions), rope_and_store_reference(qkv, cos, sin, *ref, positions)
     result = compare(run, f"rope_store {cache_dtype} q", q, q_ref, float_tolerance(run.dtype), kernel="rope_store",
                      cache_dtype=cache_dtype, shape={"B": B, "H": H, "Hkv": Hkv, "S": S, "D": D})
+    return _caches_agree(run, f"rope_store {cache_dtype}", cache_dtype, mine, ref, result)
+
+
+def _fp8_needs_a_gpu(run: Run, what: str) -> dict:
+    """A check of a kernel writing an fp8 cache, skipped off a GPU: the interpreter miscasts fp32 -> fp8
+    inside a kernel."""
+    run.log(f"{what} fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
+    return {"kernel": "rope_store", "cache_dtype": "fp8", "passed": True,
+            "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
+
+
+def _caches_agree(run: Run, what: str, cache_dtype: str, mine, ref, result: dict) -> dict:
+    """`result` with the k and v caches the kernel wrote (`mine`) compared with the reference's: codes
+    for int8/fp8 at the quantiser's code tolerance, else at the cache dtype's."""
+    from kernels.tolerances import float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
     codes = kv_quant_code_tolerance(cache_dtype, run.device == "cuda") if cache_dtype in ("int8", "fp8") \
         else float_tolerance(cache_dtype)
     for name, got, want in zip(("k", "v"), mine[:2], ref[:2]):
-        stored = compare(run, f"rope_store {cache_dtype} {name} cache", got.float(), want.float(), codes)
+        stored = compare(run, f"{what} {name} cache", got.float(), want.float(), codes)
         result["passed"] = result["passed"] and stored["passed"]
     return result
 
@@ -231,13 +244,11 @@ def check_rope_store_prefill(run: Run, cache_dtype: str) -> dict:
     of the same cache (codes for int8/fp8)."""
     import torch  # after the arguments are checked
     from kernels.rope_store import rope_and_store_prefill, rope_and_store_prefill_reference  # triton: after the interpreter choice
-    from kernels.tolerances import float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
+    from kernels.tolerances import float_tolerance  # triton: after the interpreter choice
 
     from .layer_math import rope_angles, rope_inverse_frequencies  # loads torch
     if cache_dtype == "fp8" and run.device != "cuda":
-        run.log("rope_store prefill fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
-        return {"kernel": "rope_store", "cache_dtype": "fp8", "passed": True,
-                "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
+        return _fp8_needs_a_gpu(run, "rope_store prefill")
     (B, _), (P, S), (H, Hkv, D) = run.sizes.decode_checks[0], run.sizes.flash_checks[-1], run.sizes.heads
     start = S - P  # the prompt's last P positions: a chunk after a cached prefix (0 for a whole prompt)
     qkv = randn(run, (B, P, (H + 2 * Hkv) * D), 20, scale=2.0)
@@ -250,12 +261,7 @@ def check_rope_store_prefill(run: Run, cache_dtype: str) -> dict:
     result = compare(run, f"rope_store prefill {cache_dtype} q, k", qk, qk_ref, float_tolerance(run.dtype),
                      kernel="rope_store", cache_dtype=cache_dtype,
                      shape={"B": B, "P": P, "S": S, "H": H, "Hkv": Hkv, "D": D})
-    codes = kv_quant_code_tolerance(cache_dtype, run.device == "cuda") if cache_dtype in ("int8", "fp8") \
-        else float_tolerance(cache_dtype)
-    for name, got, want in zip(("k", "v"), mine[:2], ref[:2]):
-        stored = compare(run, f"rope_store prefill {cache_dtype} {name} cache", got.float(), want.float(), codes)
-        result["passed"] = result["passed"] and stored["passed"]
-    return result
+    return _caches_agree(run, f"rope_store prefill {cache_dtype}", cache_dtype, mine, ref, result)
 
 
 # ---------------------------------------------------------------- 3. kernel timing
