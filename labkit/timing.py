@@ -50,9 +50,10 @@ BUSY_WINDOW_S = 0.25
 # CPU: a point (`sweeps`) is timed once a moment is quiet (the browser no longer drawing the last
 # chart after "Run All", or the chart a slider just redrew), waiting up to this long for one, and
 # timed again after another if other processes kept the cores busy meanwhile (`Timing.disturbed`);
-# a calibration waits as long for a quiet moment before it starts. LABKIT_QUIET_WAIT_S sets it (`quiet_wait_s`); 0 turns the waiting
-# off, for a machine shared on purpose (the test suite's parallel workers, a workshop server with
-# several learners a core), where no quiet moment comes and each point would wait in vain.
+# a calibration waits as long for a quiet moment before it starts. LABKIT_QUIET_WAIT_S sets it
+# (`quiet_wait_s`); 0 turns the waiting off, for a machine shared on purpose (the test suite's
+# parallel workers, a workshop server with several learners a core), where no quiet moment comes
+# and each point would wait in vain.
 QUIET_WAIT_S = 2.0
 # A machine that gave no quiet moment in a whole wait is busy for a while (a neighbour's job, a
 # video call): the figures of the next QUIET_RETRY_AFTER_S are timed once, flagged, not waited for.
@@ -169,8 +170,10 @@ class Timing:
 
 
 def busy_phrase(share: float) -> str:
-    """What a disturbed figure's status line says of the machine's load."""
-    return f"other programs (a browser drawing?) kept {share:.0%} of the cores busy while it was timed"
+    """What a disturbed figure's status line says of the machine's load (a tenth of a percent near
+    the limit, so a share just past 8 % does not read as 8 %)."""
+    digits = 0 if share >= 0.095 else 1
+    return f"other programs (a browser drawing?) kept {share:.{digits}%} of the cores busy while it was timed"
 
 
 def calls_phrase(estimator: str, calls: int, spread: float, median_over_fastest: float | None = None) -> str:

@@ -305,5 +305,6 @@ def test_point_summary_says_when_other_programs_were_busy_while_it_was_timed():
     assert explore.point_summary(point).endswith(
         "; other programs (a browser drawing?) kept 16% of the cores busy while it was timed: its time is partly theirs")
     assert "busy" not in explore.point_summary({**point, "others_busy_share": 0.02, "disturbed": False})
+    assert "kept 8.3% of the cores" in explore.point_summary({**point, "others_busy_share": 0.083})
     label = explore.measured_series([{**point, "prompt_tokens": 1088}], "prompt_tokens")["label"][0]
     assert label.endswith("<br>other programs (a browser drawing?) kept 16% of the cores busy while it was timed")
