@@ -329,7 +329,8 @@ def test_a_cpu_breakdown_waits_for_quiet_and_says_when_other_programs_were_busy(
     assert waits == [timing.QUIET_WAIT_S] and b["others_busy_share"] == 0.25 and b["disturbed"]
     assert ("other programs (a browser drawing?) kept 25% of the cores busy while it was timed: run it again "
             "when it is quieter") in explore.breakdown_line(b)
-    assert "busy" not in explore.breakdown_line({**b, "others_busy_share": 0.0, "disturbed": False})
+    # (not "busy": an unconfirmed tiny split on a loaded test machine says "noisy: the machine was busy")
+    assert "other programs" not in explore.breakdown_line({**b, "others_busy_share": 0.0, "disturbed": False})
 
 
 def test_the_bars_and_the_lab_draw_the_record():

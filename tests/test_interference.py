@@ -130,4 +130,4 @@ def test_a_cpu_timeline_starts_after_a_quiet_moment_and_says_how_busy_the_machin
     monkeypatch.setattr(i.cpu_info, "others_busy_share", lambda start, min_wall_s=0.0: 0.05)
     quiet = i.run_timeline(chunk_tokens=64, **SIZES)
     assert not quiet.summary()["disturbed"]
-    assert "busy" not in explore.chunk_view(lambda chunk_tokens: quiet, quiet, 64)["status"]
+    assert "other programs" not in explore.chunk_view(lambda chunk_tokens: quiet, quiet, 64)["status"]
