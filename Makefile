@@ -103,7 +103,6 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	  LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
 	fi
 	$(MAKE) test-no-triton TEST_JOBS=$(TEST_JOBS)
-	$(MAKE) gpu-check OUT=build/gpu-check-dry DRY=1
 
 # The CPU path as on a Mac or a Windows laptop, where Triton has no wheels: NO_TRITON makes `import
 # triton` fail as it fails there. Every notebook in quick mode on the CPU, then tests/test_no_triton.py:
@@ -124,7 +123,7 @@ test-no-triton: venv ## The CPU path with Triton absent, as on macOS and Windows
 
 # A GPU image may have torch/triton/numpy but no venv and no Jupyter: then the system python3
 # runs it (`-m` from the repo root finds labkit without installing it).
-# A dry run (DRY=1, as `make test` runs it, often while the machine is busy) keeps its calibration in
+# A dry run (DRY=1, as tests/test_gpu_check.py runs it, beside other tests) keeps its calibration in
 # build/test-cache/gpu-check-dry, never in the user's labkit cache (~/.cache/labkit or LABKIT_CACHE_DIR).
 gpu-check: ## Check this machine's GPU against the lab into OUT (default build/gpu-check; DRY=1: dry run, no GPU needed)
 	@py=python3; if [ -x $(PY) ] && $(PY) -c '' 2>/dev/null; then py=$(PY); fi; \

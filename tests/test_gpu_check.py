@@ -43,8 +43,11 @@ def recordings(directory: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
+    """`make gpu-check DRY=1`, as a user runs it (and `make test` runs it only here): the target's
+    wiring, its private calibration cache (build/test-cache/gpu-check-dry) and the run itself."""
     out = tmp_path_factory.mktemp("gpu-check")
-    done = gpu_check("--out", str(out), "--dry-run")
+    done = subprocess.run(["make", "--no-print-directory", "-o", "venv", "-o", ".venv/.stamp", "gpu-check", "DRY=1",
+                           f"OUT={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return out, done
 

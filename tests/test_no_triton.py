@@ -79,19 +79,17 @@ def test_the_gpu_check_and_the_compile_check_say_they_are_skipped(tmp_path):
 @pytest.mark.slow
 def test_the_cpu_tests_pass_and_name_what_they_skip():
     """The suite beside this file (the browser and notebook-running tests are left to `make test`),
-    without Triton (in TEST_JOBS processes where `make test` passes them, the `timed` tests then
-    alone, as make test runs them): it passes, and every test that needs Triton is skipped with
-    the reason, never failed with a traceback."""
+    without Triton (in TEST_JOBS processes where `make test` passes them): it passes, and every
+    test that needs Triton is skipped with the reason, never failed with a traceback. The `timed`
+    tests are left out: they time the CPU path, the same code with Triton or without it, and what
+    they time needs a machine to itself, which `make test` gives them once, with Triton."""
     ignored = [arg for name in NOT_HERE for arg in ("--ignore", f"tests/{name}")]
     jobs = os.environ.get("TEST_JOBS", "0")  # `make test` passes its TEST_JOBS (pytest-xdist's -n)
-    pytest_args = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *ignored, "tests"]
-    runs = ([["-m", "not browser"]] if jobs == "0" else
-            [["-m", "not browser and not timed", "-n", jobs], ["-m", "timed and not browser"]])
-    done = [without_triton([*pytest_args, *run], timeout=900) for run in runs]
-    for run in done:
-        summary = run.stdout.strip().splitlines()[-1]
-        assert run.returncode == 0, f"the CPU tests failed without Triton: {summary}\n{run.stdout[-6000:]}"
-    done = subprocess.CompletedProcess(done[0].args, 0, "\n".join(run.stdout for run in done))
+    parallel = [] if jobs == "0" else ["-n", jobs]
+    done = without_triton([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *ignored, "tests",
+                           "-m", "not browser and not timed", *parallel], timeout=900)
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, f"the CPU tests failed without Triton: {summary}\n{done.stdout[-6000:]}"
     for name in ("test_kernels_matmul", "test_kernels_flash_attention", "test_kernels_decode_attention",
                  "test_kernels_kv_quant", "test_kernels_add_rms_norm", "test_kernels_rope_store", "test_kernels_swiglu",
                  "test_gpu_compile"):
