@@ -95,6 +95,16 @@ def test_cpu_name_comes_from_cpuinfo(monkeypatch):
     assert backend.device_name("cpu") == "AMD EPYC 9654"
 
 
+@pytest.mark.parametrize("name, short", [
+    ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "Intel Xeon Platinum 8481C"),
+    ("AMD EPYC 9R14 96-Core Processor", "AMD EPYC 9R14 96-Core"),
+    ("AMD EPYC", "AMD EPYC"), ("NVIDIA H200", "NVIDIA H200"), ("Apple M2", "Apple M2"), ("(R)", "unknown CPU")])
+def test_a_chart_title_names_the_machine_without_trademarks_or_clock(monkeypatch, name, short):
+    assert backend.short_device_name(name) == short
+    monkeypatch.setattr(backend, "device_name", lambda device: name)
+    assert backend.choose_device("cpu").name == short
+
+
 def test_free_and_total_memory_come_from_meminfo(monkeypatch):
     meminfo = ["MemTotal:       16384 kB", "MemFree:  1 kB", "MemAvailable:    8192 kB"]
     monkeypatch.setattr(backend, "_read_lines", lambda path: meminfo if path == "/proc/meminfo" else [])

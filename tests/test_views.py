@@ -51,6 +51,18 @@ def test_noisy_points_are_drawn_apart():
     assert list(lab.figure.data[2].x) == [100] and list(lab.figure.data[1].x) == []
 
 
+def test_the_tallest_residual_bar_ends_below_the_frame():
+    lab = make_lab()
+    lab.records = [fake_measure(100), fake_measure(200)]
+    series = explore.measured_series(lab.records, "prompt_tokens")
+    views.set_measured(lab.figure, series)
+    low, high = lab.figure.layout.yaxis2.range
+    top = max(series["residual"], key=abs)
+    assert (low < top < 0 or 0 < top < high) and abs(top) < 0.95 * max(abs(low), abs(high))
+    assert views.measured.residual_range([0.47, 0.5]) == [0.0, 0.55]
+    assert views.measured.residual_range([-0.2, 0.3]) == [-0.25, 0.35] and views.measured.residual_range([]) is None
+
+
 def test_roofline_figure_places_both_phases():
     model, gpu = get_model("llama-3.1-8b"), get_gpu("H100-SXM")
     fig = views.roofline_figure([explore.roofline_curve(gpu)], [explore.phase_points(model, gpu, 2000, 1)], "t")

@@ -70,6 +70,19 @@ def set_measured(fig: LiveFigure, series: dict):
         fig.data[3].y = series["residual"]
         # A noisy point's residual is as untrustworthy as its time: its bar takes the noisy colour.
         fig.data[3].marker.color = [NOISY["color"] if flag else MEASURED["color"] for flag in series["noisy"]]
+        fig.update_yaxes(range=residual_range(series["residual"]), row=2, col=1)
+
+
+def residual_range(residuals: list[float]) -> list[float] | None:
+    """The residual row's y range: from 0 to the farthest bar and a tenth of the span beyond it, so
+    the tallest bar ends below the frame, not at it (plotly fits bars flush, and a +50 % bar then
+    reads as the +40 % tick below it). None (plotly's own) where there is no bar."""
+    shown = [r for r in residuals if r == r and abs(r) != float("inf")]
+    if not shown:
+        return None
+    low, high = min(0.0, *shown), max(0.0, *shown)
+    pad = 0.1 * (high - low) or 0.05
+    return [low - pad if low < 0 else 0.0, high + pad if high > 0 else 0.0]
 
 
 def add_band(fig, x: list, low: list, high: list, low_name: str, band_name: str, row: int | None = None):
