@@ -116,7 +116,9 @@ def test_measured_vs_predicted_shows_the_plan_beside_the_roof_and_where_the_tier
                                                   "plan_fraction": 0.75},
                           predicted, "context_tokens", "S", "t")
     fig = lab.figure
-    assert fig.data[4].name == explore.PLAN_LABEL and fig.data[4].line.dash == "dash"
+    assert fig.data[4].name == explore.PLAN_LABEL and fig.data[4].line.dash == "dashdot"
+    # Never drawn like a prediction's dashed linear term (lesson 02's band), nor in its blue.
+    assert fig.data[4].line.color != views.LINEAR["color"]
     assert list(fig.data[4].y) == predicted["planned_time_s"]
     assert "L2 then L3 then DRAM bandwidth" in fig.data[0].name
     labels = [a.text for a in fig.layout.annotations]

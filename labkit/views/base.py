@@ -18,7 +18,9 @@ PREDICTED = dict(color="#1f77b4")
 MEASURED = dict(color="#d62728")
 NOISY = dict(color="#ff9896")
 
-PLAN = dict(color=PREDICTED["color"], dash="dash", width=1.5)
+# The chapter's planning line is a convention, not this machine's roof: grey and dash-dotted, so it
+# is never taken for the blue dashed line of a prediction's linear term (lesson 02).
+PLAN = dict(color="#555555", dash="dashdot", width=1.5)
 IN_TURN = dict(color=PREDICTED["color"], dash="dot", width=2.5)
 TIER = dict(color="#7f7f7f", dash="dot", width=1)
 

@@ -12,7 +12,7 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
                                  log_y: bool = False) -> LiveFigure:
     """Two rows: time (predicted line, measured points) and residual (measured / predicted - 1).
     Where `predicted` has them (`explore.with_plan_and_tiers`): the chapter's planning line,
-    dashed, as trace 4 (after the four the measured points update), the roof of a decode step's
+    grey and dash-dotted, as trace 4 (after the four the measured points update), the roof of a decode step's
     kernels in turn (`explore.decode_prediction`), dotted, where it parts from the whole step's, and
     a dotted mark where the working set leaves a cache ("past the L3: DRAM"), so that bend is not
     read as a phase's."""
