@@ -123,8 +123,10 @@ class LessonWidget:
             if hasattr(control, "continuous_update"):
                 control.continuous_update = False
             control.observe(self.on_change, names="value")
-        self.widget = widgets.VBox([widgets.HBox(list(controls.values())), *(f.widget for f in figures),
-                                    self.error.widget])
+        # The controls wrap as whole widgets: two 420 px sliders and a toggle overflow a notebook's
+        # ~960 px output, and unwrapped the toggle was squeezed until its own buttons broke a line.
+        row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+        self.widget = widgets.VBox([row, *(f.widget for f in figures), self.error.widget])
 
     def values(self) -> dict:
         return {name: control.value for name, control in self.controls.items()}
@@ -236,8 +238,10 @@ def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> wid
 
 def toggle(name: str, options: list, value=None) -> widgets.ToggleButtons:
     """Toggle buttons (a choice fires once per click)."""
+    # width auto: the default fixed inline width put the buttons on a line below their name
     return widgets.ToggleButtons(options=options, value=value or options[0], description=name,
-                                 style={"description_width": "initial", "button_width": "auto"})
+                                 style={"description_width": "initial", "button_width": "auto"},
+                                 layout=widgets.Layout(width="auto"))
 
 
 def progress(total: int, description: str = "measuring"):
