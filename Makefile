@@ -41,7 +41,8 @@ venv: $(STAMP) $(WARM) ## (internal) Create .venv and install the pins (reruns w
 # one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it).
 # With a GPU: a CUDA torch wants the triton it was built with (torch 2.14.1 asks triton~=3.8), so the
 # venv sees the image's packages and torch is left unpinned: pip keeps the installed one, or installs
-# torch with the triton it requires.
+# torch with the triton it requires. The editable install's metadata lives in the venv; the egg-info
+# setuptools leaves beside the notebooks while building it would only sit in JupyterLab's file browser.
 $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	@set -e; \
 	if nvidia-smi >/dev/null 2>&1; then \
@@ -56,6 +57,7 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	  $(PY) -m pip install -q --progress-bar off -r requirements.txt -r requirements-cpu.txt; \
 	fi; \
 	$(PY) -m pip install -q --progress-bar off -e . --no-deps; \
+	rm -rf prefill_decode_lab.egg-info; \
 	touch $@
 
 # numba compiles the CPU step's kernels on first use; here instead, at setup, and again whenever the
