@@ -39,6 +39,7 @@ import torch
 from . import cpu_info
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
+from .units import machine_name
 
 DEVICES = ("cpu", "cuda")
 ENV_VAR = "LABKIT_DEVICE"
@@ -66,8 +67,8 @@ class Backend:
 
     @property
     def name(self) -> str:
-        """The machine's name for a chart title ("AMD EPYC", "NVIDIA H200", "Intel Xeon Platinum 8481C")."""
-        return short_device_name(device_name(self.device))
+        """The machine's name for a chart title, as its legends say it (`units.machine_name`)."""
+        return machine_name(device_name(self.device))
 
 
 def choose_device(override: str | None = None) -> Backend:
@@ -198,13 +199,6 @@ def device_name(device) -> str:
     # macOS has no /proc, and its platform.processor() says only "arm": the brand string, "Apple M2".
     brand = cpu_info.run_command(["sysctl", "-n", "machdep.cpu.brand_string"]) if platform.system() == "Darwin" else None
     return brand or platform.processor() or platform.machine() or "unknown CPU"
-
-
-def short_device_name(name: str) -> str:
-    """`name` without what makes a title wrap and tells a learner nothing: trademarks, the CPU
-    word and its clock ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz" -> "Intel Xeon Platinum 8481C")."""
-    name = re.sub(r"\((R|TM|tm)\)|\s@\s*[\d.]+\s*GHz|\b(CPU|Processor)\b", " ", name)
-    return " ".join(name.split()) or "unknown CPU"
 
 
 def free_memory_bytes(device) -> int:

@@ -146,6 +146,14 @@ def check_decode(run: Run, B: int, S: int, cache_dtype: str) -> dict:
                    cache_dtype=cache_dtype, shape={"B": B, "H": H, "Hkv": Hkv, "S": S, "D": D})
 
 
+def _fp8_needs_a_gpu(run: Run, kernel: str, what: str | None = None) -> dict:
+    """A check of `kernel` writing an fp8 cache, skipped off a GPU (logged as `what`, default the
+    kernel's name): the interpreter miscasts fp32 -> fp8 inside a kernel."""
+    run.log(f"{what or kernel} fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
+    return {"kernel": kernel, "cache_dtype": "fp8", "passed": True,
+            "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
+
+
 def check_kv_quant(run: Run, cache_dtype: str) -> dict:
     """The Triton quantiser against its reference, in codes, and int8's scales (tolerances and
     their reasons: kernels/tolerances.py)."""
@@ -153,9 +161,7 @@ def check_kv_quant(run: Run, cache_dtype: str) -> dict:
     from kernels.kv_quant import quantize_kv, quantize_kv_reference  # triton: after the interpreter choice
     from kernels.tolerances import INT8_SCALES, kv_quant_code_tolerance  # triton: after the interpreter choice
     if cache_dtype == "fp8" and run.device != "cuda":
-        run.log("kv_quant fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
-        return {"kernel": "kv_quant", "cache_dtype": "fp8", "passed": True,
-                "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
+        return _fp8_needs_a_gpu(run, "kv_quant")
     (B, S), (_, Hkv, D) = run.sizes.decode_checks[0], run.sizes.heads
     x = randn(run, (B, Hkv, S, D), 10, scale=3.0)
     scale = torch.tensor(0.5, device=run.device) if cache_dtype == "fp8" else None
@@ -218,14 +224,6 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
     return _caches_agree(run, f"rope_store {cache_dtype}", cache_dtype, mine, ref, result)
 
 
-def _fp8_needs_a_gpu(run: Run, what: str) -> dict:
-    """A check of a kernel writing an fp8 cache, skipped off a GPU: the interpreter miscasts fp32 -> fp8
-    inside a kernel."""
-    run.log(f"{what} fp8: skipped (the interpreter miscasts fp32 -> fp8 inside a kernel)")
-    return {"kernel": "rope_store", "cache_dtype": "fp8", "passed": True,
-            "skipped": "needs a GPU: the interpreter miscasts fp32 -> fp8 inside a kernel"}
-
-
 def _caches_agree(run: Run, what: str, cache_dtype: str, mine, ref, result: dict) -> dict:
     """`result` with the k and v caches the kernel wrote (`mine`) compared with the reference's: codes
     for int8/fp8 at the quantiser's code tolerance, else at the cache dtype's."""
@@ -248,7 +246,7 @@ def check_rope_store_prefill(run: Run, cache_dtype: str) -> dict:
 
     from .layer_math import rope_angles, rope_inverse_frequencies  # loads torch
     if cache_dtype == "fp8" and run.device != "cuda":
-        return _fp8_needs_a_gpu(run, "rope_store prefill")
+        return _fp8_needs_a_gpu(run, "rope_store", "rope_store prefill")
     (B, _), (P, S), (H, Hkv, D) = run.sizes.decode_checks[0], run.sizes.flash_checks[-1], run.sizes.heads
     start = S - P  # the prompt's last P positions: a chunk after a cached prefix (0 for a whole prompt)
     qkv = randn(run, (B, P, (H + 2 * Hkv) * D), 20, scale=2.0)

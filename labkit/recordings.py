@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .cpu_info import run_command
 from .errors import LabError
+from .units import machine_name
 
 REQUIRED_PROVENANCE = ("device", "date")
 _REPO = Path(__file__).resolve().parent.parent
@@ -250,6 +251,6 @@ def gpu_decode_points(directory) -> tuple[list[dict], str]:
     context = max(set(contexts), key=contexts.count)
     points = [{**p, "device": "cuda", "device_name": newest["provenance"].get("device_name", "cuda")}
               for p in timed if p.get("cache_dtype") == dtype and p["context_tokens"] == context]
-    label = (f"{newest['provenance'].get('device_name', 'GPU')}, recorded {newest['provenance']['date'][:10]}, "
+    label = (f"{machine_name(newest['provenance'].get('device_name', 'GPU'))}, recorded {newest['provenance']['date'][:10]}, "
              f"{dtype} cache at {context:,} tokens")
     return points, label

@@ -1,8 +1,11 @@
-"""Numbers for people: seconds and rates with SI prefixes and three significant digits.
+"""Numbers and names for people: seconds and rates with SI prefixes and three significant digits,
+and a machine's name as a chart or a sentence shows it.
 
 Pure (no torch, no numpy), so charts, status lines, the CLI and the GPU check format alike.
 """
 from __future__ import annotations
+
+import re
 
 
 def format_seconds(seconds: float) -> str:
@@ -27,3 +30,13 @@ def _three_digits(value: float) -> str:
     """Three significant digits, trailing zeros kept: 13.0, 9.40, 121."""
     decimals = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
     return f"{value:.{decimals}f}"
+
+
+def machine_name(name: str) -> str:
+    """A CPU's or GPU's name as a learner reads it in a title, legend or sentence: without the
+    trademarks, the CPU word and the clock that make a title wrap and tell nothing ("Intel(R)
+    Xeon(R) Platinum 8481C CPU @ 2.70GHz" -> "Intel Xeon Platinum 8481C"). Records and provenance
+    keep the full name (`backend.device_name`): it is what a calibration cache is matched by. "CPU"
+    goes only before the clock and "Processor" only at the end: "a CPU" or "unknown CPU" stay."""
+    name = re.sub(r"\((R|TM|tm)\)|(\sCPU)?\s@\s*[\d.]+\s*GHz|\sProcessor\s*$", " ", name)
+    return " ".join(name.split()) or "unknown CPU"

@@ -100,7 +100,8 @@ def test_cpu_name_comes_from_cpuinfo(monkeypatch):
     ("AMD EPYC 9R14 96-Core Processor", "AMD EPYC 9R14 96-Core"),
     ("AMD EPYC", "AMD EPYC"), ("NVIDIA H200", "NVIDIA H200"), ("Apple M2", "Apple M2"), ("(R)", "unknown CPU")])
 def test_a_chart_title_names_the_machine_without_trademarks_or_clock(monkeypatch, name, short):
-    assert backend.short_device_name(name) == short
+    from labkit.units import machine_name
+    assert machine_name(name) == short
     monkeypatch.setattr(backend, "device_name", lambda device: name)
     assert backend.choose_device("cpu").name == short
 

@@ -9,7 +9,7 @@ from ..specs import HardwareSpec, ModelSpec
 from ..timing import busy_phrase
 from ..units import format_seconds
 from .phases import decode_prediction, with_plan_and_tiers
-from .points import above_roof_note, moment_note, roof_phrase
+from .points import above_roof_note, machine_of, moment_note, roof_phrase
 
 # ---- lessons 02 and 04: where the time of one measured step goes (`breakdown`)
 def breakdown_setting(b: dict) -> str:
@@ -35,7 +35,7 @@ def breakdown_bars(b: dict) -> dict:
             "measured_ms": [1e3 * row["time_s"] for row in rows], "roof_ms": [1e3 * row["roof_time_s"] for row in rows],
             "measured_hover": measured_hover, "roof_hover": roof_hover, "plan_ms": 1e3 * b["planned_time_s"],
             "plan_label": f"the whole step at {b['plan_fraction']:.0%} of {b['measured_by']}",
-            "title": f"Where the time goes: {b['model']}, {breakdown_setting(b)}, on {b['device_name']}"
+            "title": f"Where the time goes: {b['model']}, {breakdown_setting(b)}, on {machine_of(b)}"
                      + (" (noisy)" if b.get("noisy") else "")}
 
 
@@ -63,7 +63,7 @@ def breakdown_line(b: dict) -> str:
     beyond = moment_note(b, ": its parts above say where") or above_roof_note(b["step_fraction"])
     if beyond:
         notes.append(beyond)
-    return (f"On {b['device_name']}, this {breakdown_setting(b)} ran at {b['step_fraction']:.0%} of {rate} "
+    return (f"On {machine_of(b)}, this {breakdown_setting(b)} ran at {b['step_fraction']:.0%} of {rate} "
             f"(the chapter plans {b['plan_fraction']:.0%}). Each part adds its share of the time times its own "
             f"fraction: {'; '.join(parts)}." + "".join(f" Note: {note}." for note in notes))
 
@@ -78,7 +78,7 @@ def decode_readout(record: dict) -> dict:
             "weights_bytes": record["bytes"] - cache, "cache_bytes": cache,
             "cache_share": record["cache_share"], "regime": record["regime"],
             "label": (f"B={record['batch']}, S={record['context_tokens']:,}, cache {record['cache_dtype']} "
-                      f"on {record.get('device_name', record['device'])}")}
+                      f"on {machine_of(record)}")}
 
 
 def regime_bands() -> list[dict]:
@@ -146,7 +146,7 @@ def throughput_series(records: list[dict]) -> dict:
             "hover": [", ".join(filter(None, (f"{rec['tokens_per_s']:,.0f} tokens/s; achieved "
                                               f"{rec['achieved_bytes_per_s'] / 1e9:,.1f} GB/s", roof_phrase(rec))))
                       for rec in rows],
-            "device_name": rows[0].get("device_name", rows[0]["device"]) if rows else "?"}
+            "device_name": machine_of(rows[0]) if rows else "?"}
 
 
 def context_prediction(model: ModelSpec, hardware: HardwareSpec, contexts: list[int], batch: int, dtype: str,

@@ -7,7 +7,7 @@ import math
 
 from .. import roofline as r
 from ..timing import busy_phrase, calls_phrase
-from ..units import format_rate, format_seconds
+from ..units import format_rate, format_seconds, machine_name
 
 # ---- every lesson: grids, measured points and what to say about them
 def log_grid(low: float, high: float, points: int = 64) -> list[float]:
@@ -43,7 +43,7 @@ def measured_series(records: list[dict], x_key: str) -> dict:
         moment = moment_note(rec)  # a point far from its roof: what the bandwidth just after it said
         timed = calls_phrase(rec.get("estimator", "median"), rec.get("samples", 1), rec.get("spread", 0.0),
                              _median_over_fastest(rec))
-        series["label"].append(f"{rec.get('device_name', rec.get('device', '?'))}, {roof}, {timed}"
+        series["label"].append(f"{machine_of(rec)}, {roof}, {timed}"
                                + (" (noisy)" if rec.get("noisy") else "") + (f"<br>{moment}" if moment else "")
                                + (f"<br>{busy_phrase(rec['others_busy_share'])}" if rec.get("disturbed") else ""))
     return series
@@ -55,6 +55,12 @@ IN_TURN_PARTS = 1.02
 IN_TURN_LABEL = "predicted, kernels in turn (each at its own roof)"
 PLAN_LABEL = (f"the chapter's planning line ({r.CHAPTER_MFU:.0%} of peak FLOP/s, "
               f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth)")
+
+
+def machine_of(record: dict) -> str:
+    """The machine a measured point, breakdown or recording's provenance names, as a learner reads it
+    (`units.machine_name`); its device ("cpu", "cuda") where it names none."""
+    return machine_name(record.get("device_name") or record.get("device") or "?")
 
 
 def roof_phrase(point: dict) -> str | None:
@@ -141,7 +147,7 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
         return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
 
     rows = [("your estimate", shown(estimate)), (formula_label, shown(formula)),
-            (f"measured on {device_name}", shown(measured))]
+            (f"measured on {machine_name(device_name)}", shown(measured))]
     if unit is None:
         verdict = "matches" if estimate == measured else "differs from"
         agree = "agrees" if formula == measured else f"says {formula}"
@@ -177,7 +183,7 @@ def point_summary(point: dict) -> str:
     parts = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
              f"predicted {format_seconds(point['predicted_time_s'])}",
              roof_phrase(point),
-             f"on {point.get('device_name', point.get('device', '?'))}",
+             f"on {machine_of(point)}",
              timed, "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None,
              busy_phrase(point["others_busy_share"]) + ": its time is partly theirs" if point.get("disturbed") else None]
     return "; ".join(p for p in parts if p) + "".join(f" — {note}" for note in point_notes(point))
@@ -198,7 +204,7 @@ def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", i
                          and all(p.get(k) == v for k, v in where.items())), key=lambda p: p[x_key])
         if points:
             prov = rec["provenance"]
-            label = f"recorded: {prov.get('device_name') or prov['device']}, {str(prov['date'])[:10]}"
+            label = f"recorded: {machine_of(prov)}, {str(prov['date'])[:10]}"
             series.append({"label": label, "x": [p[x_key] for p in points], "y": [p[y_key] for p in points],
                            "host_bound": [bool(p.get("host_bound")) for p in points],
                            "device": prov["device"], "path": rec.get("_path")})

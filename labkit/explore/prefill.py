@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
+from .points import machine_of
 
 # ---- lesson 02: prefill's two terms
 def prefill_terms(model: ModelSpec, prompts: list[int], counting: r.Counting = r.CHAPTER) -> dict:
@@ -67,7 +68,7 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
             "measured_ratio": last["time_s"] / first["time_s"],
             "predicted_ratio": predicted["predicted_time_s"][j] / predicted["predicted_time_s"][i],
             "linear_only_ratio": predicted["linear_only_s"][j] / predicted["linear_only_s"][i],
-            "device_name": last.get("device_name", last.get("device"))}
+            "device_name": machine_of(last)}
 
 
 def growth_line(g: dict, x_name: str = "P") -> str:
@@ -104,7 +105,7 @@ def memory_series(points: list[dict], heads: int, prompts: list[int]) -> dict:
                           "bytes": [r.naive_attention_footprint_bytes(1, heads, p, p, "fp32") for p in prompts]},
             "refused": [{"method": p["method"], "tokens": p["tokens"], "message": p["refused"]}
                         for p in points if "refused" in p],
-            "device_name": next((p["device_name"] for p in points if "device_name" in p), "?")}
+            "device_name": next((machine_of(p) for p in points if "device_name" in p), "?")}
 
 
 def histogram(values: list[float], bins: int = 40) -> dict:

@@ -6,6 +6,8 @@ from .. import batching, workloads
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
 from ..timing import busy_phrase
+from ..units import machine_name
+from .points import machine_of
 
 # ---- lesson 05: static vs continuous batching
 def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_s=None) -> dict:
@@ -50,7 +52,7 @@ def interference_series(timeline) -> dict:
     gaps = [1e3 * g for g in timeline.gaps_s()]
     name = "no chunking" if not timeline.chunked else f"chunks of {timeline.chunk_tokens:,} tokens"
     return {"name": name, "end_s": ends[1:], "gap_ms": gaps, "chunks_s": list(timeline.chunk_spans_s),
-            "device_name": timeline.device_name}
+            "device_name": machine_name(timeline.device_name)}
 
 
 def interference_bars(timelines: list) -> dict:
@@ -142,7 +144,7 @@ def measured_split(results: list[dict], titles: list[str]) -> dict:
             "decode_pct": [100 * x["decode_share"] for x in results],
             "prefill_s": [x["prefill_s"] for x in results], "decode_s": [x["decode_s"] for x in results],
             "shapes": [f"{x['prompt_tokens']:,} / {x['output_tokens']:,}" for x in results],
-            "label": f"{first['model']} measured on {first['device_name']} ({first['device']}), batch {first['batch']}"}
+            "label": f"{first['model']} measured on {machine_of(first)} ({first['device']}), batch {first['batch']}"}
 
 
 def split_extremes(split: dict) -> dict:

@@ -3,6 +3,8 @@ the kernels-in-turn roof and the cache tiers where they apply), the measured poi
 residual, recorded runs; and the two widgets that measure on release (`SliderLab`, `MeasureLab`)."""
 from __future__ import annotations
 
+import math
+
 from .. import explore
 from ._plotly import make_subplots
 from .base import IN_TURN, LINEAR, MEASURED, NOISY, PLAN, PREDICTED, TIER, LessonWidget, LiveFigure
@@ -77,7 +79,7 @@ def residual_range(residuals: list[float]) -> list[float] | None:
     """The residual row's y range: from 0 to the farthest bar and a tenth of the span beyond it, so
     the tallest bar ends below the frame, not at it (plotly fits bars flush, and a +50 % bar then
     reads as the +40 % tick below it). None (plotly's own) where there is no bar."""
-    shown = [r for r in residuals if r == r and abs(r) != float("inf")]
+    shown = [r for r in residuals if math.isfinite(r)]
     if not shown:
         return None
     low, high = min(0.0, *shown), max(0.0, *shown)
