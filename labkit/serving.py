@@ -14,6 +14,7 @@ import torch
 
 from . import backend, sweeps, timing
 from .errors import whole_number
+from .shared_run import SharedRun
 
 # Shapes are served in turns until every shape's fastest prefill and fastest decode are each
 # confirmed by a second run (`timing.sample_in_turns`), each shape in about SHAPE_BUDGET_S of its
@@ -95,25 +96,23 @@ def share_range(prefill: timing.Timing, decode: timing.Timing) -> tuple[float, f
             prefill.second_fastest_s / (prefill.second_fastest_s + decode.min_s))
 
 
-class SharedServing:
-    """One serving of the shapes that several readers of a lesson share (lesson 07: the answer to
-    its question and its chart), so they show the same runs and the learner waits once (~10 s on
-    2 cores), not once per reader. A reader gets the latest serving unless it has already shown
-    it; then the shapes are served afresh, so running a cell again always measures again."""
+class SharedServing(SharedRun):
+    """One serving of the shapes that lesson 07's answer to its question and its chart both read
+    (`shared_run.SharedRun`): the same runs, one wait (~10 s on 2 cores)."""
 
     def __init__(self, model: str, shapes: list[dict], device: str | None = None, batch: int = 1):
         self.model, self.shapes, self.device, self.batch = model, shapes, device, batch
-        self.servings = 0  # how many times the shapes were served
-        self._results: list[dict] | None = None
-        self._seen: dict[str, int] = {}  # reader -> the serving it last got
+        # serve_shapes looked up when it runs, not bound here: tests put a stand-in in its place
+        super().__init__(lambda progress: serve_shapes(self.model, self.shapes, self.device, progress, self.batch))
+
+    @property
+    def servings(self) -> int:
+        """How many times the shapes were served."""
+        return self.runs
 
     def read(self, reader: str, progress=None) -> list[dict]:
-        """`serve_shapes`' results for `reader`: the latest serving, or a new one if `reader`
-        has had the latest already (or there is none). progress(done, total) as in serve_shapes."""
-        if self._results is None or self._seen.get(reader) == self.servings:
-            self._results = serve_shapes(self.model, self.shapes, self.device, progress, self.batch)
-            self.servings += 1
-        elif progress:
+        """`serve_shapes`' results for `reader` (`SharedRun.read`); progress(done, total) as in
+        serve_shapes, or at once to the end when the latest serving is read again."""
+        if progress and self.has_fresh(reader):
             progress(len(self.shapes), len(self.shapes))
-        self._seen[reader] = self.servings
-        return self._results
+        return super().read(reader, progress)

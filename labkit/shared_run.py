@@ -1,0 +1,35 @@
+"""One measurement that several readers of a lesson share.
+
+A lesson may ask a question about a measurement and then chart the same measurement (lesson 06:
+the worst stall of a long prefill, then its timeline; lesson 07: the shape that leans furthest
+towards decode, then the six shapes' split). Measured once per reader, the answer and the chart
+would show two runs of one thing, seconds apart, and a learner reads the difference as an
+inconsistency (lesson 06 in Chromium: "measured 483 ms" above a timeline whose worst gap was
+424 ms). Shared, they show one run and the learner waits once.
+"""
+from __future__ import annotations
+
+
+class SharedRun:
+    """`run(*args, **kwargs)`, run once for several readers. A reader gets the latest result
+    unless it has had that one already; then `run` runs afresh, so running a cell again always
+    measures again, and the other readers then show the new result."""
+
+    def __init__(self, run):
+        self.run = run
+        self.runs = 0  # how many times `run` ran
+        self._result = None
+        self._seen: dict[str, int] = {}  # reader -> the run it last got
+
+    def has_fresh(self, reader: str) -> bool:
+        """True when `reader` would get a result it has not had, without running anything."""
+        return self.runs > 0 and self._seen.get(reader) != self.runs
+
+    def read(self, reader: str, *args, **kwargs):
+        """The latest result for `reader`, or a new run's if `reader` has had the latest already
+        (or nothing ran yet); args and kwargs go to `run` when it runs."""
+        if not self.has_fresh(reader):
+            self._result = self.run(*args, **kwargs)
+            self.runs += 1
+        self._seen[reader] = self.runs
+        return self._result
