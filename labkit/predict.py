@@ -29,22 +29,30 @@ def _lab(device: str | None):
     return get_model(settings["model"]), kind, settings["dtype"], settings["cache_dtype"], roof
 
 
-def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = None) -> dict:
-    """Lesson 01: how many times longer a decode step at `batch` takes than at batch 1."""
+def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = None, measure=None) -> dict:
+    """Lesson 01: how many times longer a decode step at `batch` takes than at batch 1.
+    `measure(batch=B)`: a decode point at the lab's context and cache dtype (default
+    `sweeps.bind_decode`); lesson 01 passes its slider's `shared_run.SharedPoints` reader, so
+    the answer and the chart show the same steps."""
     model, kind, dtype, cache_dtype, roof = _lab(device)
     context = sizes.lab_settings(kind)["context"][3]
     step = lambda b: roofline.predicted_decode_step_s(model, b, context, roof, dtype, cache_dtype, roofline.KERNEL)
-    one, many = (sweeps.measure_decode(model, b, context, cache_dtype, kind) for b in (1, batch))
+    measure = measure or sweeps.bind_decode(model, context_tokens=context, cache_dtype=cache_dtype, device=kind)
+    many, one = (measure(batch=b) for b in (batch, 1))  # the longer first, as a slider's `prime` times them
     return explore.reveal(f"decode step at batch {batch} ÷ batch 1 ({context:,} tokens each)", "×", estimate,
                           step(batch) / step(1), many["time_s"] / one["time_s"], one["device_name"],
                           "one read of the weights serves the whole batch; only the cache and the arithmetic grow")
 
 
-def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, device: str | None = None) -> dict:
-    """Lesson 02: how many times longer a prefill of `high` tokens takes than one of `low`."""
+def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, device: str | None = None,
+                          measure=None) -> dict:
+    """Lesson 02: how many times longer a prefill of `high` tokens takes than one of `low`.
+    `measure(prompt_tokens=P)`: a batch-1 prefill point (default `sweeps.bind_prefill`); lesson
+    02 passes its slider's `shared_run.SharedPoints` reader, as lesson 01 does."""
     model, kind, dtype, _, roof = _lab(device)
     time = lambda p: roofline.predicted_prefill_time_s(model, p, roof, 1, dtype, roofline.KERNEL)
-    short, long = (sweeps.measure_prefill(model, p, 1, kind) for p in (low, high))
+    measure = measure or sweeps.bind_prefill(model, device=kind)
+    long, short = (measure(prompt_tokens=p) for p in (high, low))  # the longer first, as `prime`
     return explore.reveal(f"prefill of {high:,} tokens ÷ {low:,} tokens ({high / low:.0f}× the tokens)", "×",
                           estimate, time(high) / time(low), long["time_s"] / short["time_s"], short["device_name"],
                           "the attention term grows with the square of the prompt")
@@ -159,10 +167,10 @@ def _context(device=None, **_):
 
 
 _ASK = {
-    "decode_batch": (lambda batch=16, device=None: f"How many times longer does one decode step take at batch "
+    "decode_batch": (lambda batch=16, device=None, measure=None: f"How many times longer does one decode step take at batch "
                      f"{batch} than at batch 1 on this machine, with {_context(device)[3]:,} tokens of context each?",
                      "×", reveal_decode_batch),
-    "prefill_growth": (lambda low=512, high=4096, device=None: f"A prompt of {high:,} tokens has {high / low:.0f} "
+    "prefill_growth": (lambda low=512, high=4096, device=None, measure=None: f"A prompt of {high:,} tokens has {high / low:.0f} "
                        f"times the tokens of one of {low:,}. How many times longer does its prefill take on this machine?",
                        "×", reveal_prefill_growth),
     "flash_speedup": (lambda tokens, heads, kv_heads, head_dim, device=None: f"At P = {tokens:,} tokens ({heads} heads), "

@@ -33,3 +33,26 @@ class SharedRun:
             self.runs += 1
         self._seen[reader] = self.runs
         return self._result
+
+
+class SharedPoints:
+    """`measure(**values)`, each distinct point run once for several readers (`SharedRun` per
+    point): lesson 01's answer and its decode slider read the same batch-1 and batch-16 steps,
+    lesson 02's answer and its prefill slider the same 512- and 4,096-token prefills, so the
+    reveal and the chart (and the growth printed from it) agree. A reader asking again for a
+    point it has had (a slider moved back to it) measures it again."""
+
+    def __init__(self, measure):
+        self.measure = measure
+        self._points: dict[tuple, SharedRun] = {}
+
+    def read(self, reader: str, **values):
+        """The point at `values` for `reader` (`SharedRun.read`)."""
+        key = tuple(sorted(values.items()))
+        if key not in self._points:
+            self._points[key] = SharedRun(lambda: self.measure(**values))
+        return self._points[key].read(reader)
+
+    def reader(self, name: str):
+        """measure(**values) as reader `name` reads it: what a view or a reveal is given."""
+        return lambda **values: self.read(name, **values)

@@ -114,3 +114,31 @@ def test_the_flash_reveal_names_what_the_square_costs_a_cpu_beyond_its_traffic(m
     out = predict.reveal_flash_speedup(3.0, tokens=1024, heads=2, kv_heads=1, head_dim=64)
     text = " ".join(str(cell) for row in out["rows"] for cell in row) + out.get("line", "") + str(out)
     assert "2.25×" in text and ("fresh pages that the operating system must zero" in text) == note
+
+
+@pytest.mark.parametrize("name, key, values, times", [
+    ("decode_batch", "batch", (1, 16), {1: 0.004, 16: 0.010}),
+    ("prefill_growth", "prompt_tokens", (512, 4096), {512: 0.008, 4096: 0.120}),
+])
+def test_lessons_01_and_02_reveal_the_points_their_slider_then_shows(monkeypatch, name, key, values, times):
+    """The answer reads its two points through the slider's SharedPoints (one measurement each), so
+    the reveal's ratio is the one the chart below it shows; the slider gets those same records."""
+    from labkit import calibrate, shared_run
+    from labkit.specs import get_gpu
+    monkeypatch.setattr(calibrate, "load_or_calibrate", lambda kind, **kw: (get_gpu("H100-SXM"), {}))
+    calls = []
+
+    def measure(**point):
+        calls.append(point)
+        return {key: point[key], "time_s": times[point[key]], "device_name": "a CPU", "runs": len(calls)}
+
+    points = shared_run.SharedPoints(measure)
+    out = predict.ask(name, device="cpu", measure=points.reader("answer"))["reveal"](3.0)
+    assert calls == [{key: v} for v in reversed(values)]  # the longer first, as a slider's prime
+    ratio = times[values[1]] / times[values[0]]
+    assert out["rows"][2] == ("measured on a CPU", f"{ratio:,.3g}×")
+    slider = points.reader("slider")
+    assert [slider(**{key: v})["runs"] for v in values] == [2, 1]  # the answer's own records
+    assert len(calls) == 2  # nothing measured twice
+    slider(**{key: values[0]})  # the slider moved back to a point it has shown: measured again
+    assert len(calls) == 3

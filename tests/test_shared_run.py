@@ -38,3 +38,19 @@ def test_a_run_that_fails_leaves_the_last_result_for_the_readers_that_have_not_h
     else:
         raise AssertionError("the failing run's error must reach the reader")
     assert shared.runs == 1 and shared.read("answer") == {"run": 1}
+
+
+def test_shared_points_share_each_point_and_keep_points_apart():
+    calls = []
+
+    def measure(**values):
+        calls.append(values)
+        return {**values, "run": len(calls)}
+
+    points = shared_run.SharedPoints(measure)
+    answer, slider = points.reader("answer"), points.reader("slider")
+    assert answer(batch=1) == {"batch": 1, "run": 1} and answer(batch=16) == {"batch": 16, "run": 2}
+    assert slider(batch=1)["run"] == 1 and slider(batch=4)["run"] == 3 and slider(batch=16)["run"] == 2
+    assert slider(batch=1)["run"] == 4  # moved back: measured again
+    assert points.read("answer", batch=1)["run"] == 4  # the latest of that point
+    assert calls == [{"batch": 1}, {"batch": 16}, {"batch": 4}, {"batch": 1}]
