@@ -30,10 +30,13 @@ from .specs import BYTES_PER_ELEMENT, HardwareSpec, ModelSpec, SpecError
 # The chapter's planning conventions, named so a reader can find and change them.
 CHAPTER_MFU = 0.40  # "use 40 % to plan": prefill at 40 % of dense peak
 CHAPTER_BANDWIDTH_EFFICIENCY = 0.75  # behind "157 tokens a second": 0.75 * 3.35e12 / 16.06e9
-# A measured point under this fraction of its roof is far from it: on a CPU, a lesson's point bound
-# by memory that far off has the bandwidth of its moment read too (`sweeps.with_moment`), and at
-# this fraction of that roof or more it was the calibration, not the step, that was off.
-FAR_FROM_ROOF = 0.5
+# A measured point under this fraction of its roof is far from it: the lab's own bar (issue 13's,
+# `bench.ROOF_TARGET`). On a CPU, a lesson's point bound by memory that far off has the bandwidth
+# of its moment read too (`sweeps.with_moment`), and at this fraction of that roof or more it was
+# the calibration, not the step, that was off; under it there too, the step itself falls short.
+# (At 0.5, a point at 0.55-0.7 of a roof calibrated at a fast moment of the EPYC VM's memory was
+# left unexplained, though the bench bars it.)
+FAR_FROM_ROOF = 0.7
 # Cache share of a decode step's read at the regime boundaries: the chapter's "under 15 %"
 # (weights dominate) and "70-90 %" (cache dominates); in between is "mixed".
 WEIGHTS_DOMINATED_BELOW = 0.15

@@ -259,3 +259,10 @@ def test_the_decode_target_names_the_most_a_step_in_turn_can_reach_where_it_is_u
     assert bench.in_turn_ceiling({"bracketed_predicted_time_s": 1.0}) is None  # a prefill point: none
     line = cli._target_figures(got)
     assert line == "B=1 0.75, B=32 0.61 (in turn at most 0.69)"
+
+
+def test_a_lesson_explains_every_point_the_bench_would_bar():
+    """A lesson's memory-bound CPU point under the bench's bar has the bandwidth of its moment read
+    (`sweeps.with_moment` below roofline.FAR_FROM_ROOF), so its status line says why it fell short."""
+    from labkit import roofline
+    assert roofline.FAR_FROM_ROOF == bench.ROOF_TARGET

@@ -404,7 +404,7 @@ def test_a_step_far_from_its_roof_says_what_the_bandwidth_of_its_moment_said(mon
     assert "the memory read 70.0 GB/s at this working set just after it, where the calibration has 60.0 GB/s: " \
            "0.89 of that roof, so the calibration is from a slower moment than this one" in line
     slow = explore.breakdown_line({**read, "moment_roof_fraction": 0.3})
-    assert "so this step itself is slow here: its parts above say where" in slow and "python -m" not in slow
+    assert "so this step itself falls short here: its parts above say where" in slow and "python -m" not in slow
     assert "calibrated" not in explore.breakdown_line(record())  # near its roof: no note
     monkeypatch.setattr(calibrate, "bandwidth_now", lambda device, working_set_bytes=None: 80e9)
     assert sweeps.moment("cpu", "memory", 1.2, 64 << 20, 72e9) == {"moment_bandwidth_bytes_per_s": 80e9,

@@ -148,7 +148,8 @@ def test_point_notes_gathers_what_a_reader_of_one_point_should_know():
 @pytest.mark.parametrize("moment, ends", [
     (0.8, "so the calibration is from a faster moment than this one (`python -m labkit calibrate --refresh` "
           "measures it again)"),
-    (0.3, "so this step itself is slow here (`python -m labkit breakdown` shows which part)"),
+    (0.3, "so the calibration is from a faster moment than this one (`python -m labkit calibrate --refresh` "
+          "measures it again), and this step itself falls short here (`python -m labkit breakdown` shows which part)"),
     (1.1, "over it too: data stayed in a cache between calls")])
 def test_the_bandwidth_of_a_points_moment_says_whether_the_step_or_the_calibration_was_off(moment, ends):
     point = {"roof_fraction": 0.41, "roof_bandwidth_bytes_per_s": 146e9, "moment_bandwidth_bytes_per_s": 60e9,
@@ -158,7 +159,7 @@ def test_the_bandwidth_of_a_points_moment_says_whether_the_step_or_the_calibrati
                     f"146 GB/s: {moment:.2f} of that roof, {ends}")
     above = dict(point, roof_fraction=1.3)  # the moment's reading says which of the above-roof note's reasons
     assert explore.point_notes(above) == [note] and explore.moment_note({"roof_fraction": 0.41}) is None
-    if 0.5 <= moment <= 1:  # a calibration from a slower moment than the point's
+    if r.FAR_FROM_ROOF <= moment <= 1:  # a calibration from a slower moment than the point's
         slower = dict(above, roof_bandwidth_bytes_per_s=30e9)
         assert "from a slower moment than this one" in explore.moment_note(slower)
 
@@ -189,3 +190,25 @@ def test_measured_throughput_carries_the_achieved_bandwidth_for_hovering():
     # a step whose kernels in turn lie off its roof says its fraction of theirs (`roof_phrase`)
     records[0].update(predicted_time_s=0.01, in_turn_predicted_time_s=0.012, in_turn_roof_fraction=0.9)
     assert explore.throughput_series(records)["hover"][1].endswith("0.90 of the roof of its kernels in turn")
+
+
+def test_a_point_over_its_calibrated_roof_and_far_under_its_moments_says_both():
+    """Lesson 04 in Chromium: 1.04 of a roof calibrated at 49.5 GB/s, and the memory read 82.7 GB/s
+    just after it (0.62 of that): the calibration was from a slower moment, and the step falls short."""
+    point = {"roof_fraction": 1.04, "roof_bandwidth_bytes_per_s": 49.5e9, "moment_bandwidth_bytes_per_s": 82.7e9,
+             "moment_roof_fraction": 1.04 * 49.5 / 82.7}
+    note = explore.moment_note(point)
+    assert note.endswith("0.62 of that roof, so the calibration is from a slower moment than this one "
+                         "(`python -m labkit calibrate --refresh` measures it again), and this step itself falls "
+                         "short here (`python -m labkit breakdown` shows which part)")
+    # lesson 04's breakdown: 0.51 of a roof calibrated at 49.5 GB/s, the memory at 38.6 just after: both
+    faster = {"roof_bandwidth_bytes_per_s": 49.5e9, "moment_bandwidth_bytes_per_s": 38.6e9,
+              "moment_roof_fraction": 0.51 * 49.5 / 38.6}
+    assert explore.moment_note(faster).endswith(": 0.65 of that roof, so the calibration is from a faster moment "
+                                                "than this one (`python -m labkit calibrate --refresh` measures it "
+                                                "again), and this step itself falls short here (`python -m labkit "
+                                                "breakdown` shows which part)")
+    # a calibration within a shared machine's noise of the moment's reading: only the step
+    steady = dict(faster, moment_bandwidth_bytes_per_s=45e9, moment_roof_fraction=0.5 * 49.5 / 45)
+    assert explore.moment_note(steady).endswith(": 0.55 of that roof, so this step itself falls short here "
+                                                "(`python -m labkit breakdown` shows which part)")

@@ -110,20 +110,27 @@ L2_RESIDENT_NOTE = ("L2-resident: this working set is under twice the GPU's L2, 
 def moment_note(point: dict, where_slow: str = " (`python -m labkit breakdown` shows which part)") -> str | None:
     """What the bandwidth read just after a point far from its roof says (`sweeps.with_moment`),
     in one sentence; None without that reading. Near the roof of its moment, the calibration was
-    from another moment; far from it there too, the step itself is slow (`where_slow`: what says where)."""
+    from another moment; far from it there too, the step itself falls short (`where_slow`: what
+    says where). Both where both hold: over the calibrated roof, or a calibration more than
+    `roofline.TIER_STEP` off the moment's reading, and far under the moment's roof too."""
     now = point.get("moment_bandwidth_bytes_per_s")
     if now is None:
         return None
-    fraction = point["moment_roof_fraction"]
+    fraction, calibrated = point["moment_roof_fraction"], point["roof_bandwidth_bytes_per_s"]
     said = (f"the memory read {format_rate(now, 'B/s')} at this working set just after it, where the "
-            f"calibration has {format_rate(point['roof_bandwidth_bytes_per_s'], 'B/s')}: {fraction:.2f} of that roof")
+            f"calibration has {format_rate(calibrated, 'B/s')}: {fraction:.2f} of that roof")
     if fraction > 1.0:
         return said + ", over it too: data stayed in a cache between calls"
-    if fraction >= r.FAR_FROM_ROOF:
-        pace = "faster" if point["roof_bandwidth_bytes_per_s"] > now else "slower"
-        return said + (f", so the calibration is from a {pace} moment than this one "
+    clauses = []
+    # the calibration's roof was off: the point is near the moment's roof, or over the calibrated one,
+    # or the two readings differ by more than a shared machine's noise (r.TIER_STEP)
+    if fraction >= r.FAR_FROM_ROOF or fraction * now / calibrated > 1.0 or max(now / calibrated, calibrated / now) >= r.TIER_STEP:
+        pace = "faster" if calibrated > now else "slower"
+        clauses.append(f"the calibration is from a {pace} moment than this one "
                        "(`python -m labkit calibrate --refresh` measures it again)")
-    return said + ", so this step itself is slow here" + where_slow
+    if fraction < r.FAR_FROM_ROOF:
+        clauses.append("this step itself falls short here" + where_slow)
+    return said + ", so " + ", and ".join(clauses)
 
 
 def point_notes(point: dict) -> list[str]:
