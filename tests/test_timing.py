@@ -308,3 +308,12 @@ def test_point_summary_says_when_other_programs_were_busy_while_it_was_timed():
     assert "kept 8.3% of the cores" in explore.point_summary({**point, "others_busy_share": 0.083})
     label = explore.measured_series([{**point, "prompt_tokens": 1088}], "prompt_tokens")["label"][0]
     assert label.endswith("<br>other programs (a browser drawing?) kept 16% of the cores busy while it was timed")
+
+
+def test_the_measured_split_names_the_model_machine_and_batch_once():
+    served = {"model": "lab-cpu", "device": "cpu", "device_name": "AMD EPYC 9R14 96-Core Processor", "batch": 1,
+              "prompt_tokens": 250, "output_tokens": 38, "prefill_share": 0.17, "decode_share": 0.83,
+              "prefill_s": 0.0175, "decode_s": 0.083, "noisy": False}
+    split = explore.measured_split([served], ["Chat"])
+    assert split["label"] == "lab-cpu measured on AMD EPYC 9R14 96-Core, batch 1"  # no "(cpu)" after the name
+    assert split["prefill_pct"] == [17.0] and split["shapes"] == ["250 / 38"]

@@ -144,7 +144,7 @@ def measured_split(results: list[dict], titles: list[str]) -> dict:
             "decode_pct": [100 * x["decode_share"] for x in results],
             "prefill_s": [x["prefill_s"] for x in results], "decode_s": [x["decode_s"] for x in results],
             "shapes": [f"{x['prompt_tokens']:,} / {x['output_tokens']:,}" for x in results],
-            "label": f"{first['model']} measured on {machine_of(first)} ({first['device']}), batch {first['batch']}"}
+            "label": f"{first['model']} measured on {machine_of(first)}, batch {first['batch']}"}
 
 
 def split_extremes(split: dict) -> dict:
