@@ -142,3 +142,13 @@ def test_lessons_01_and_02_reveal_the_points_their_slider_then_shows(monkeypatch
     assert len(calls) == 2  # nothing measured twice
     slider(**{key: values[0]})  # the slider moved back to a point it has shown: measured again
     assert len(calls) == 3
+
+
+def test_lesson_05s_reveal_calls_its_figure_a_simulation_and_its_formula_the_chapters():
+    """Slot utilisation is simulated on measured step times, and mean ÷ longest is the chapter's
+    estimate, not the roofline: the reveal's rows and its line say so."""
+    requests = [(0.0, 16, out) for out in (10, 40, 50, 100)]
+    out = predict.reveal_static_utilisation(50.0, requests, 4, lambda batch, tokens: 1e-3, "AMD EPYC, fp32 cache")
+    assert out["rows"] == [("your estimate", "50%"), ("the chapter's formula: mean output ÷ longest output", "50%"),
+                           ("simulated on step times measured on AMD EPYC, fp32 cache", "50%")]
+    assert out["gap"].startswith("Your estimate is within 0% of the simulation; the formula is within 0% of it.")

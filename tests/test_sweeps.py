@@ -79,7 +79,7 @@ def test_decode_at_context_zero_and_sweeps(fake_roof, monkeypatch):
     prefill = sweeps.prefill_sweep("lab-tiny", prompts=[16, 32], device="cpu")
     assert [p["prompt_tokens"] for p in prefill] == [16, 32]
     # a sweep's point far from its roof is judged by its moment too, as a slider's (`with_moment`)
-    far = [p for p in points + prefill if p["bound"] == "memory" and not 0.5 <= p["roof_fraction"] <= 1]
+    far = [p for p in points + prefill if p["bound"] == "memory" and not roofline.FAR_FROM_ROOF <= p["roof_fraction"] <= 1]
     assert far and reads == [p["working_set_bytes"] for p in far]
     assert all(("moment_roof_fraction" in p) == (p in far) for p in points + prefill)
     record = sweeps.bind_decode("lab-tiny", context_tokens=8, cache_dtype="fp32", device="cpu")(batch=2)

@@ -146,21 +146,24 @@ def point_notes(point: dict) -> list[str]:
 
 
 def reveal(question: str, unit: str | None, estimate, formula, measured, device_name: str, why: str,
-           formula_label: str = "the formula, on this machine's calibrated roofline") -> dict:
+           formula_label: str = "the formula, on this machine's calibrated roofline",
+           measured_label: str | None = None, measured_noun: str = "measurement") -> dict:
     """A committed estimate beside the formula's answer and the measurement, with one line on the
     gap (`views.Predict` shows it). `unit` None: a choice, compared for equality; else numbers,
-    compared as ratios (within a quarter counts as close)."""
+    compared as ratios (within a quarter counts as close). What is not measured directly says
+    what it is (`measured_label`, `measured_noun`: lesson 05's figure is a simulation run on
+    measured step times)."""
     def shown(value):
         return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
 
     rows = [("your estimate", shown(estimate)), (formula_label, shown(formula)),
-            (f"measured on {machine_name(device_name)}", shown(measured))]
+            (measured_label or f"measured on {machine_name(device_name)}", shown(measured))]
     if unit is None:
         verdict = "matches" if estimate == measured else "differs from"
         agree = "agrees" if formula == measured else f"says {formula}"
-        gap = f"Your pick {verdict} the measurement; the formula {agree}. Why: {why}."
+        gap = f"Your pick {verdict} the {measured_noun}; the formula {agree}. Why: {why}."
     else:
-        gap = (f"Your estimate is {_relative(estimate, measured)} the measurement; the formula is "
+        gap = (f"Your estimate is {_relative(estimate, measured)} the {measured_noun}; the formula is "
                f"{_relative(formula, measured)} it. Why: {why}.")
     return {"question": question, "rows": rows, "gap": gap}
 
