@@ -54,3 +54,31 @@ def test_notebooks_are_thin_and_parameterised(path):
         for block in re.findall(r"^def .*?(?=^\S|\Z)", source, flags=re.S | re.M):
             assert block.count("\n") <= 4, f"{path.name}: a function of more than a few lines belongs in labkit"
         assert not c.get("outputs"), f"{path.name} is committed with outputs"
+
+
+def _names(source: str, context) -> set[str]:
+    """The names a cell stores (or loads) at its own level: not a comprehension's or a lambda's own."""
+    import ast
+    scoped = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda, ast.FunctionDef)
+    found, todo = set(), [ast.parse(source)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, context):
+            found.add(node.id)
+        todo.extend(child for child in ast.iter_child_nodes(node) if not isinstance(child, scoped))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lesson_id)
+def test_a_lesson_runs_without_its_predict_first_cells(path):
+    """A learner may skip a question (or run the cells below it after a restart): nothing a
+    `views.Predict` cell defines is needed by another cell, so what it shares with a chart after
+    it (`shared_run`) is made in a cell before it."""
+    code = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    asks = [source for source in code if "views.Predict(" in source]
+    import ast
+    defined = set().union(*(_names(source, ast.Store) for source in asks)) if asks else set()
+    for source in code:
+        if source not in asks:
+            needed = defined & _names(source, ast.Load)
+            assert not needed, f"{path.name}: needs {needed} from a Predict cell"
