@@ -20,6 +20,8 @@ def test_nothing_is_measured_until_an_estimate_is_committed(monkeypatch):
     calls = []
     guess = views.Predict("How many times?", fake_reveal(calls), 8.0, unit="×")
     assert calls == [] and guess.answer.value == ""
+    # the question under the lesson's own "Predict first." paragraph, not a second "Predict first."
+    assert guess.widget.children[0].value == "<b>Question.</b> How many times?"
     guess.input.value = "12x"
     guess.button.click()
     assert calls == [12.0] and guess.input.disabled and guess.button.disabled

@@ -181,7 +181,7 @@ class Predict(LessonWidget):
                                      layout=widgets.Layout(width="auto"))
         self.answer = widgets.HTML("")
         super().__init__({}, [], reveal, self.show, busy=None)
-        self.widget = widgets.VBox([widgets.HTML(f"<b>Predict first.</b> {html.escape(question)}"),
+        self.widget = widgets.VBox([widgets.HTML(f"<b>Question.</b> {html.escape(question)}"),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
         self.button.on_click(lambda _button: self.commit())
