@@ -123,8 +123,9 @@ def moment_note(point: dict, where_slow: str = " (`python -m labkit breakdown` s
         return said + ", over it too: data stayed in a cache between calls"
     clauses = []
     # the calibration's roof was off: the point is near the moment's roof, or over the calibrated one,
-    # or the two readings differ by more than a shared machine's noise (r.TIER_STEP)
-    if fraction >= r.FAR_FROM_ROOF or fraction * now / calibrated > 1.0 or max(now / calibrated, calibrated / now) >= r.TIER_STEP:
+    # or the two readings lie further apart than a shared machine's noise (r.TIER_STEP)
+    apart = max(now / calibrated, calibrated / now) >= r.TIER_STEP
+    if fraction >= r.FAR_FROM_ROOF or fraction * now / calibrated > 1.0 or apart:
         pace = "faster" if calibrated > now else "slower"
         clauses.append(f"the calibration is from a {pace} moment than this one "
                        "(`python -m labkit calibrate --refresh` measures it again)")
