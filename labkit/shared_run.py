@@ -34,6 +34,10 @@ class SharedRun:
         self._seen[reader] = self.runs
         return self._result
 
+    def reader(self, name: str):
+        """`run` as reader `name` reads it (`read`): what a reveal or a chart is given."""
+        return lambda *args, **kwargs: self.read(name, *args, **kwargs)
+
 
 class SharedPoints:
     """`measure(**values)`, each distinct point run once for several readers (`SharedRun` per

@@ -54,3 +54,11 @@ def test_shared_points_share_each_point_and_keep_points_apart():
     assert slider(batch=1)["run"] == 4  # moved back: measured again
     assert points.read("answer", batch=1)["run"] == 4  # the latest of that point
     assert calls == [{"batch": 1}, {"batch": 16}, {"batch": 4}, {"batch": 1}]
+
+
+def test_a_reader_is_the_run_as_one_reader_reads_it():
+    calls = []
+    shared = shared_run.SharedRun(lambda progress=None: calls.append(progress) or len(calls))
+    answer, chart = shared.reader("answer"), shared.reader("chart")
+    assert answer() == 1 and chart(progress="bar") == 1 and calls == [None]  # the answer's run
+    assert chart(progress="bar") == 2 and calls == [None, "bar"]  # asked again: run again, its arguments passed
