@@ -4,7 +4,6 @@ import json
 import math
 import os
 import socket
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from labkit import calibrate, explore, roofline, sizes, sweeps
+from labkit import calibrate, roofline, sizes, sweeps
 from labkit.errors import LabError
 from labkit.roofline import KERNEL
 from labkit.specs import HardwareSpec, get_model
