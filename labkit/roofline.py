@@ -37,6 +37,12 @@ CHAPTER_BANDWIDTH_EFFICIENCY = 0.75  # behind "157 tokens a second": 0.75 * 3.35
 # (At 0.5, a point at 0.55-0.7 of a roof calibrated at a fast moment of the EPYC VM's memory was
 # left unexplained, though the bench bars it.)
 FAR_FROM_ROOF = 0.7
+# A sweep's points are many (lesson 04's batch sweep has nine), each shown in a hover, not a status
+# line: each reads the bandwidth of its moment only under this fraction. A reading takes 0.15-0.4 s
+# beside a point's 0.3-1.4 s, and with a browser drawing on the same 2 cores most of a sweep's points
+# fall between the two fractions (lesson 04's Voila test: 31 s with a sweep's points read under 0.7,
+# 24 s under 0.5, on the 2-core EPYC VM).
+SWEEP_FAR_FROM_ROOF = 0.5
 # Cache share of a decode step's read at the regime boundaries: the chapter's "under 15 %"
 # (weights dominate) and "70-90 %" (cache dominates); in between is "mixed".
 WEIGHTS_DOMINATED_BELOW = 0.15

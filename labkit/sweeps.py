@@ -264,25 +264,27 @@ def _random_tokens(spec: ModelSpec, shape, device):
     return torch.randint(0, spec.vocab_size, shape, generator=g).to(device)
 
 
-def with_moment(point: dict) -> dict:
-    """A CPU point bound by memory and far from its calibrated roof (a fraction under
-    `roofline.FAR_FROM_ROOF` or over 1), with the bandwidth at its working set read just after it
-    (`calibrate.bandwidth_now`, 0.1-0.5 s for lab-cpu's working sets) and its fraction of that:
-    moment_bandwidth_bytes_per_s, moment_roof_fraction. Other points as they are.
+def with_moment(point: dict, far_below: float = roofline.FAR_FROM_ROOF) -> dict:
+    """A CPU point bound by memory and far from its calibrated roof (a fraction under `far_below`,
+    `roofline.FAR_FROM_ROOF` for a slider's point, `SWEEP_FAR_FROM_ROOF` in a sweep, or over 1),
+    with the bandwidth at its working set read just after it (`calibrate.bandwidth_now`, 0.15-0.4 s
+    for lab-cpu's working sets) and its fraction of that: moment_bandwidth_bytes_per_s,
+    moment_roof_fraction. Other points as they are.
 
     Why: a shared machine's memory changes speed under the lab. On the 2-core EPYC VM the same
     64 MiB buffer read at 65-113 GB/s within 4 s, and 128 MiB at 46-58 GB/s one minute and 84-96
     another, so a lesson's point at 0.41 of its calibrated roof could be a slow step or a
     calibration from a faster moment. The second reading tells which (`explore.moment_note`)."""
     return {**point, **moment(point.get("device"), point.get("bound"), point.get("roof_fraction"),
-                              point.get("working_set_bytes"), point.get("achieved_bytes_per_s"))}
+                              point.get("working_set_bytes"), point.get("achieved_bytes_per_s"), far_below)}
 
 
-def moment(device, bound, fraction, working_set_bytes, achieved_bytes_per_s) -> dict:
+def moment(device, bound, fraction, working_set_bytes, achieved_bytes_per_s,
+           far_below: float = roofline.FAR_FROM_ROOF) -> dict:
     """`with_moment`'s reading for a run of `fraction` of its roof: moment_bandwidth_bytes_per_s and
-    moment_roof_fraction for a CPU run bound by memory under roofline.FAR_FROM_ROOF or over 1,
-    else {} (nothing read). A measured point and a breakdown (`breakdown._split`) both ask it."""
-    if device != "cpu" or bound != "memory" or fraction is None or roofline.FAR_FROM_ROOF <= fraction <= 1.0:
+    moment_roof_fraction for a CPU run bound by memory under `far_below` or over 1, else {}
+    (nothing read). A measured point and a breakdown (`breakdown._split`) both ask it."""
+    if device != "cpu" or bound != "memory" or fraction is None or far_below <= fraction <= 1.0:
         return {}
     now = calibrate.bandwidth_now("cpu", working_set_bytes)
     return {"moment_bandwidth_bytes_per_s": now, "moment_roof_fraction": achieved_bytes_per_s / now}
@@ -304,11 +306,11 @@ def bind_decode(model: ModelSpec | str = DEFAULT_MODEL, **fixed):
 def prefill_sweep(model: ModelSpec | str = DEFAULT_MODEL, prompts=(256, 1024, 2048, 4096), batch: int = 1,
                   device: str | None = None, progress=None) -> list[dict]:
     """measure_prefill at each prompt length; progress(done, total) after each point. Each point
-    far from its roof is judged by its moment too (`with_moment`), as a slider's is: a lesson's
+    far from its roof (under `roofline.SWEEP_FAR_FROM_ROOF`) is judged by its moment too (`with_moment`), as a slider's is: a lesson's
     fixed chart says in its hover which was off, the calibration or the step."""
     points = []
     for i, prompt_tokens in enumerate(prompts):
-        points.append(with_moment(measure_prefill(model, prompt_tokens, batch, device)))
+        points.append(with_moment(measure_prefill(model, prompt_tokens, batch, device), roofline.SWEEP_FAR_FROM_ROOF))
         if progress:
             progress(i + 1, len(prompts))
     return points
@@ -323,7 +325,8 @@ def decode_sweep(model: ModelSpec | str = DEFAULT_MODEL, batches=(1, 8, 32, 64),
     capacity = max(contexts) + 1
     points = []
     for i, (cache_dtype, batch, context_tokens) in enumerate(grid):
-        points.append(with_moment(measure_decode(model, batch, context_tokens, cache_dtype, device, capacity=capacity)))
+        points.append(with_moment(measure_decode(model, batch, context_tokens, cache_dtype, device, capacity=capacity),
+                                  roofline.SWEEP_FAR_FROM_ROOF))
         if progress:
             progress(i + 1, len(grid))
     return points

@@ -95,7 +95,10 @@ def app(request, tmp_path_factory):
         pytest.fail("make is not installed; `make app` is how the lesson is served")
     home = tmp_path_factory.mktemp("voila")
     port, default = free_port(), notebook == DEFAULT_NB
-    env, token = isolated_env(home, home / "labkit-cache"), "" if default else new_token()
+    # One labkit cache for the lessons served here, as a learner's lessons share theirs: the first
+    # calibrates (fresh, none of the user's), the next reads it (a calibration is ~5 s of make test).
+    cache = tmp_path_factory.getbasetemp() / "app-labkit-cache"
+    env, token = isolated_env(home, cache), "" if default else new_token()
     env.pop("JUPYTER_TOKEN", None)
     if token:
         env["JUPYTER_TOKEN"] = token

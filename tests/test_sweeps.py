@@ -79,7 +79,7 @@ def test_decode_at_context_zero_and_sweeps(fake_roof, monkeypatch):
     prefill = sweeps.prefill_sweep("lab-tiny", prompts=[16, 32], device="cpu")
     assert [p["prompt_tokens"] for p in prefill] == [16, 32]
     # a sweep's point far from its roof is judged by its moment too, as a slider's (`with_moment`)
-    far = [p for p in points + prefill if p["bound"] == "memory" and not roofline.FAR_FROM_ROOF <= p["roof_fraction"] <= 1]
+    far = [p for p in points + prefill if p["bound"] == "memory" and not roofline.SWEEP_FAR_FROM_ROOF <= p["roof_fraction"] <= 1]
     assert far and reads == [p["working_set_bytes"] for p in far]
     assert all(("moment_roof_fraction" in p) == (p in far) for p in points + prefill)
     record = sweeps.bind_decode("lab-tiny", context_tokens=8, cache_dtype="fp32", device="cpu")(batch=2)
@@ -196,6 +196,10 @@ def test_a_slider_point_far_from_its_roof_reads_the_bandwidth_of_its_moment(monk
                          (dict(point, device="cuda"), "a GPU"), (dict(point, roof_fraction=None), "no roof")):
         assert sweeps.with_moment(near) == near, reason
     assert len(reads) == 1 and "moment_roof_fraction" in sweeps.with_moment(dict(point, roof_fraction=1.4))
+    # a sweep's point reads only further off (a reading per point of a sweep adds up)
+    between = dict(point, roof_fraction=0.6)
+    assert "moment_roof_fraction" in sweeps.with_moment(between)
+    assert sweeps.with_moment(between, roofline.SWEEP_FAR_FROM_ROOF) == between and len(reads) == 3
     measured = []
     monkeypatch.setattr(sweeps, "measure_decode", lambda model, **kw: measured.append(kw) or dict(point))
     assert sweeps.bind_decode("lab-tiny", cache_dtype="fp32")(batch=2)["moment_roof_fraction"] == pytest.approx(0.8)
