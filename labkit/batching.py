@@ -36,7 +36,7 @@ from . import roofline as r
 from .errors import LabError, whole_number
 from .roofline import CHAPTER, CHAPTER_BANDWIDTH_EFFICIENCY, CHAPTER_MFU, Counting
 from .specs import HardwareSpec, ModelSpec
-from .units import machine_name
+from .units import machine_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,7 +303,7 @@ class MeasuredStepTime:
         self.table_s = np.array([[np.median(table[b, s]) for s in self.contexts] for b in self.batches])
         self.floor_s = float(self.table_s.min())
         first = records[0]
-        self.label = f"{machine_name(first.get('device_name') or first.get('device') or '?')}, {first.get('cache_dtype', '?')} cache"
+        self.label = f"{machine_of(first)}, {first.get('cache_dtype', '?')} cache"
 
     def __call__(self, batch, total_context_tokens):
         batch, tokens = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(total_context_tokens, dtype=float))

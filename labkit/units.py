@@ -40,3 +40,9 @@ def machine_name(name: str) -> str:
     goes only before the clock and "Processor" only at the end: "a CPU" or "unknown CPU" stay."""
     name = re.sub(r"\((R|TM|tm)\)|(\sCPU)?\s@\s*[\d.]+\s*GHz|\sProcessor\s*$", " ", name)
     return " ".join(name.split()) or "unknown CPU"
+
+
+def machine_of(record: dict) -> str:
+    """The machine a measured point, breakdown or set of records names, as a learner reads it
+    (`machine_name`); its device ("cpu", "cuda") where it names none."""
+    return machine_name(record.get("device_name") or record.get("device") or "?")

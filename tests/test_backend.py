@@ -106,6 +106,12 @@ def test_a_chart_title_names_the_machine_without_trademarks_or_clock(monkeypatch
     assert backend.choose_device("cpu").name == short
 
 
+def test_a_record_names_its_machine_or_at_least_its_device():
+    from labkit.units import machine_of
+    assert machine_of({"device": "cpu", "device_name": "Intel(R) Xeon(R) CPU @ 2.10GHz"}) == "Intel Xeon"
+    assert machine_of({"device": "cuda"}) == "cuda" and machine_of({"device_name": ""}) == "?"
+
+
 def test_free_and_total_memory_come_from_meminfo(monkeypatch):
     meminfo = ["MemTotal:       16384 kB", "MemFree:  1 kB", "MemAvailable:    8192 kB"]
     monkeypatch.setattr(backend, "_read_lines", lambda path: meminfo if path == "/proc/meminfo" else [])

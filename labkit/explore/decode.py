@@ -7,9 +7,9 @@ import math
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
 from ..timing import busy_phrase
-from ..units import format_seconds
+from ..units import format_seconds, machine_of
 from .phases import decode_prediction, with_plan_and_tiers
-from .points import above_roof_note, machine_of, moment_note, roof_phrase
+from .points import above_roof_note, moment_note, roof_phrase
 
 # ---- lessons 02 and 04: where the time of one measured step goes (`breakdown`)
 def breakdown_setting(b: dict) -> str:

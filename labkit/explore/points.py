@@ -7,7 +7,7 @@ import math
 
 from .. import roofline as r
 from ..timing import busy_phrase, calls_phrase
-from ..units import format_rate, format_seconds, machine_name
+from ..units import format_rate, format_seconds, machine_name, machine_of
 
 # ---- every lesson: grids, measured points and what to say about them
 def log_grid(low: float, high: float, points: int = 64) -> list[float]:
@@ -55,12 +55,6 @@ IN_TURN_PARTS = 1.02
 IN_TURN_LABEL = "predicted, kernels in turn (each at its own roof)"
 PLAN_LABEL = (f"the chapter's planning line ({r.CHAPTER_MFU:.0%} of peak FLOP/s, "
               f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth)")
-
-
-def machine_of(record: dict) -> str:
-    """The machine a measured point, breakdown or recording's provenance names, as a learner reads it
-    (`units.machine_name`); its device ("cpu", "cuda") where it names none."""
-    return machine_name(record.get("device_name") or record.get("device") or "?")
 
 
 def roof_phrase(point: dict) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
-from .points import machine_of
+from ..units import machine_of
 
 # ---- lesson 02: prefill's two terms
 def prefill_terms(model: ModelSpec, prompts: list[int], counting: r.Counting = r.CHAPTER) -> dict:

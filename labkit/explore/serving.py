@@ -6,8 +6,7 @@ from .. import batching, workloads
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
 from ..timing import busy_phrase
-from ..units import machine_name
-from .points import machine_of
+from ..units import machine_name, machine_of
 
 # ---- lesson 05: static vs continuous batching
 def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_s=None) -> dict:
