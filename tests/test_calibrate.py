@@ -70,7 +70,10 @@ def test_the_roof_at_each_working_set_is_the_fastest_of_read_gemv_and_copy(measu
             # the copy reads the whole working set and writes as much (`COPY_BUFFERS`)
             assert test["bytes_moved"] == point["bytes"] * (calibrate.COPY_BUFFERS if name == "copy" else 1)
             assert test["bytes_per_s"] == pytest.approx(test["bytes_moved"] / min(test["samples_s"]))
-            assert len(test["samples_s"]) >= 3
+            # at least 3 samples, or 2 where the last call outlasted a third of the budget
+            # (`timing.sample_in_turns`: a long call stays near its budget; a busy machine makes one)
+            last_call_s = test["samples_s"][-1] * test["calls_per_sample"]
+            assert len(test["samples_s"]) >= (2 if last_call_s > TINY.budget_s / 3 else 3), (name, test)
     assert spec.bandwidth_by_working_set == tuple((p["bytes"], p["bytes_per_s"]) for p in curve)
     assert spec.memory_bandwidth_bytes_per_s == curve[-1]["bytes_per_s"]  # the largest working set's
     assert info["bandwidth"]["copy"] == curve[-1]["tests"]["copy"] and info["bandwidth"]["read"] == curve[-1]["tests"]["read"]
