@@ -159,19 +159,54 @@ def _pay_first_call_costs(method: str, heads: int, kv_heads: int, head_dim: int,
     naive_attention(q, k, v, causal=False) if method == "naive" else _flash(q, k, v, device)
 
 
-def memory_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
-                 device: str, budget_bytes: float | None = None) -> dict:
-    """Peak memory of one attention call ("naive" | "flash") over P = S = `tokens`, after
-    checking its predicted footprint fits (free memory, and `budget_bytes` if given)."""
+def footprint_bytes(method: str, tokens: int, heads: int, head_dim: int, dtype: str) -> float:
+    """What one call ("naive" | "flash") over P = S = `tokens` holds beyond its inputs, bytes:
+    plain attention its P × P fp32 matrices per head (`roofline.naive_attention_footprint_bytes`),
+    the fused kernel only its output [heads, P, head_dim]."""
     if method == "naive":
-        predicted = roofline.naive_attention_footprint_bytes(1, heads, tokens, tokens, "fp32")
-    else:  # flash holds only its output beyond the inputs
-        predicted = heads * tokens * head_dim * BYTES_PER_ELEMENT[dtype]
+        return roofline.naive_attention_footprint_bytes(1, heads, tokens, tokens, "fp32")
+    return heads * tokens * head_dim * BYTES_PER_ELEMENT[dtype]
+
+
+def check_footprint(method: str, tokens: int, heads: int, head_dim: int, dtype: str, device: str,
+                    budget_bytes: float | None = None) -> float:
+    """`footprint_bytes`, after checking it fits `budget_bytes` (if given) and the device's free
+    memory: FootprintError, one line, before anything is allocated."""
+    predicted = footprint_bytes(method, tokens, heads, head_dim, dtype)
     what = f"{method} attention at P={tokens:,} ({heads} heads)"
     if budget_bytes is not None and predicted > budget_bytes:
         raise FootprintError(f"{what} needs {predicted / 2**30:.1f} GiB, over the "
                              f"{budget_bytes / 2**30:.1f} GiB budget; refused before allocating")
     backend.check_fits(predicted, device, what)
+    return predicted
+
+
+def longest_fitting(tokens: list[int], heads: int, head_dim: int, dtype: str, device: str | None = None,
+                    budget_bytes: float | None = None, method: str = "naive") -> int:
+    """The longest of `tokens` (ascending, as `memory_sweep` takes them) before the first at which
+    `method` does not fit (`check_footprint`): where the sweep measured it last. Why: lesson 03's
+    question times plain attention; at the sweep's longest length it would run a size the sweep
+    had just refused (4 GiB at P = 16,384 on a CPU, past its 0.5 GiB budget; on a GPU, 1.1 TB at
+    P = 65,536, which no GPU holds). LabError, one line, where not even the shortest fits."""
+    chosen = backend.choose_device(device).device
+    longest = None
+    for p in tokens:
+        try:
+            check_footprint(method, p, heads, head_dim, dtype, chosen, budget_bytes)
+        except FootprintError:
+            break
+        longest = p
+    if longest is None:
+        raise LabError(f"{method} attention does not fit at P={tokens[0]:,} ({heads} heads) on this "
+                       f"{chosen}{'' if budget_bytes is None else ' within the budget'}: raise the budget or lower the heads")
+    return longest
+
+
+def memory_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
+                 device: str, budget_bytes: float | None = None) -> dict:
+    """Peak memory of one attention call ("naive" | "flash") over P = S = `tokens`, after
+    checking its predicted footprint fits (free memory, and `budget_bytes` if given)."""
+    predicted = check_footprint(method, tokens, heads, head_dim, dtype, device, budget_bytes)
     _pay_first_call_costs(method, heads, kv_heads, head_dim, dtype, device)
     q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, device)
     run = (lambda: naive_attention(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
@@ -214,9 +249,7 @@ def time_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: in
     """Time one attention call ("naive" | "flash") over P = S = `tokens` (full, not causal) with
     the lab's timing: the confirmed fastest call on a CPU, CUDA events on a GPU. Its footprint is
     checked first, as `memory_point` does."""
-    predicted = (roofline.naive_attention_footprint_bytes(1, heads, tokens, tokens, "fp32") if method == "naive"
-                 else heads * tokens * head_dim * BYTES_PER_ELEMENT[dtype])
-    backend.check_fits(predicted, device, f"{method} attention at P={tokens:,} ({heads} heads)")
+    check_footprint(method, tokens, heads, head_dim, dtype, device)
     q, k, v = random_qkv(heads, kv_heads, tokens, head_dim, dtype, device)
     run = (lambda: naive_attention(q, k, v, causal=False)) if method == "naive" else (lambda: _flash(q, k, v, device))
     timing = (measure.time_fn(run, device, 2, 10, 2.0) if device == "cuda"

@@ -108,6 +108,23 @@ def test_sweep_records_the_refusal_and_stops_naive_there():
     assert done[-1] == (6, 6)
 
 
+def test_the_question_is_asked_where_the_sweep_measured_plain_attention_last(monkeypatch):
+    """Lesson 03's settings on a CPU (2 heads, head dim 64, fp32, lengths 512..16,384, a 0.5 GiB
+    budget): the sweep measures plain attention up to 4,096 and refuses 8,192 (1 GiB), so the
+    question times 4,096, not the 16,384 it once ran (4 GiB) right under that refusal."""
+    lengths = [512 * 2**i for i in range(6)]
+    assert attention.longest_fitting(lengths, 2, 64, "fp32", "cpu", 2**29) == 4096
+    points = attention.memory_sweep(lengths[:5], 2, 1, 64, "fp32", "cpu", 2**29)
+    measured = [p["tokens"] for p in points if p["method"] == "naive" and "peak_bytes" in p]
+    assert measured[-1] == attention.longest_fitting(lengths[:5], 2, 64, "fp32", "cpu", 2**29)
+    # without a budget the device's free memory decides; where nothing fits, one line says so
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 2**31)
+    assert attention.longest_fitting(lengths, 2, 64, "fp32", "cpu") == 8192  # 1 GiB fits, 4 GiB does not
+    with pytest.raises(LabError, match="does not fit at P=512 .*budget"):
+        attention.longest_fitting(lengths, 2, 64, "fp32", "cpu", 2**20)
+    assert attention.longest_fitting(lengths, 2, 64, "fp32", "cpu", 2**24, method="flash") == 16384  # 8 MiB
+
+
 def test_where_peak_memory_cannot_be_read_every_point_says_why(monkeypatch, tmp_path):
     """macOS and Windows have no /proc/self/status: the sweep allocates nothing and each point is
     a refusal that names the reason (the chart marks it, the lesson prints it)."""
