@@ -123,6 +123,10 @@ def test_the_question_is_asked_where_the_sweep_measured_plain_attention_last(mon
     with pytest.raises(LabError, match="does not fit at P=512 .*budget"):
         attention.longest_fitting(lengths, 2, 64, "fp32", "cpu", 2**20)
     assert attention.longest_fitting(lengths, 2, 64, "fp32", "cpu", 2**24, method="flash") == 16384  # 8 MiB
+    # the lesson's GPU settings (32 heads, lengths 1,024..65,536, no budget) on an H200's 141 GB
+    # free: 16,384 (69 GB); 32,768 would need 275 GB, and 65,536, the sweep's last, 1.1 TB
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 141e9)
+    assert attention.longest_fitting([1024 * 2**i for i in range(7)], 32, 128, "bf16", "cpu") == 16384
 
 
 def test_where_peak_memory_cannot_be_read_every_point_says_why(monkeypatch, tmp_path):
