@@ -138,15 +138,22 @@ class Llama(nn.Module):
         (already resident) and less the old cache (freed first); if it does not fit,
         FootprintError and the old cache stays."""
         cache_dtype = cache_dtype or self.compute_dtype
+        self.check_cache(batch, max_tokens, cache_dtype, prefill_tokens)
+        self.release_cache()  # free the old buffers before allocating the new ones
+        self.cache = self.make_cache(batch, max_tokens, cache_dtype, check=False)  # checked above
+        return self.cache
+
+    def check_cache(self, batch: int, max_tokens: int, cache_dtype: str | None = None,
+                    prefill_tokens: int | None = None) -> None:
+        """`setup_cache`'s check, allocating nothing: FootprintError unless the footprint (less the
+        resident weights and the old cache, which `setup_cache` frees first) fits."""
+        cache_dtype = cache_dtype or self.compute_dtype
         need = (roofline.memory_footprint_bytes(self.spec, batch, max_tokens, self.compute_dtype, cache_dtype,
                                                 prefill_tokens)
                 - roofline.weight_bytes(self.spec, self.compute_dtype)
                 - (self.cache.nbytes() if self.cache is not None else 0))
         backend.check_fits(need, self.device.type, f"{with_article(cache_dtype)} KV cache of {batch} x {max_tokens} "
                            f"tokens for {self.spec.name}")
-        self.release_cache()  # free the old buffers before allocating the new ones
-        self.cache = self.make_cache(batch, max_tokens, cache_dtype, check=False)  # checked above
-        return self.cache
 
     def release_cache(self):
         """Drop the default KV cache, and a CUDA graph that points into a cache, so that its memory

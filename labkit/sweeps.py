@@ -31,7 +31,7 @@ from collections import OrderedDict
 import torch
 
 from . import backend, calibrate, measure, roofline, sizes
-from .errors import LabError
+from .errors import FootprintError, LabError
 from .model import Llama
 from .roofline import KERNEL, Counting
 from .specs import ModelSpec, get_model, l2_bytes_of
@@ -84,9 +84,35 @@ def ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefil
     here and `breakdown`'s take their caches from it."""
     sizes.check_offered(model.device.type, cache_dtype)
     cache = model.cache
-    if cache is None or cache.batch != batch or cache.cache_dtype != cache_dtype or cache.max_tokens < tokens:
+    if not _reusable(cache, batch, tokens, cache_dtype):
         cache = model.setup_cache(batch, tokens, cache_dtype, prefill_tokens)
     return cache
+
+
+def _reusable(cache, batch: int, tokens: int, cache_dtype: str) -> bool:
+    """Whether `cache` serves `batch` sequences of up to `tokens` tokens in `cache_dtype` as it is."""
+    return (cache is not None and cache.batch == batch and cache.cache_dtype == cache_dtype
+            and cache.max_tokens >= tokens)
+
+
+def fitting_batches(model: ModelSpec | str, batches, context_tokens: int, cache_dtype: str,
+                    device: str | None = None) -> list[int]:
+    """The batches of `batches` at which `measure_decode` over `context_tokens` would find room
+    for its cache (`Llama.check_cache`, or the model's cache already big enough), in order. For a
+    chart's first points (a slider's `prime`): lesson 01 primes its decode chart up to batch 64 at
+    8,192 tokens, whose 8B cache (69 GB beside 16 GB of weights) an H100 does not hold; the chart
+    starts with the points that fit, and a learner who moves the slider there is told why not."""
+    built = get_built_model(model, device)
+    sizes.check_offered(built.device.type, cache_dtype)
+    fit = []
+    for batch in batches:
+        if not _reusable(built.cache, batch, context_tokens + 1, cache_dtype):
+            try:
+                built.check_cache(batch, context_tokens + 1, cache_dtype, 1)
+            except FootprintError:
+                continue
+        fit.append(batch)
+    return fit
 
 
 # ------------------------------------------------------------------ timing

@@ -215,6 +215,35 @@ def test_a_cache_dtype_the_cpu_does_not_offer_is_refused_before_anything_is_allo
             measure("lab-tiny", batch=2, context_tokens=10, cache_dtype="fp8", device="cpu")
 
 
+def test_a_chart_is_primed_only_with_the_batches_whose_cache_fits(monkeypatch):
+    """`fitting_batches`: what `measure_decode` would refuse is left out, allocating nothing; a
+    cache already big enough counts as fitting; an unoffered dtype is still refused in one line."""
+    from labkit import backend
+    built = sweeps.get_built_model("lab-tiny", "cpu")
+    built.setup_cache(2, 200, "fp32")
+    per_row = roofline.kv_cache_bytes(built.spec, 200, 1, "fp32")
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 40 * per_row)  # 36 rows of room
+    monkeypatch.setattr(built, "setup_cache", lambda *a, **k: pytest.fail("a cache was allocated"))
+    assert sweeps.fitting_batches("lab-tiny", [1, 2, 16, 64, 4096], 199, "fp32", "cpu") == [1, 2, 16]
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 0)
+    # the cache it has serves batch 2; batch 3 needs more than the old cache frees (batch 1 would not)
+    assert sweeps.fitting_batches("lab-tiny", [2, 3], 150, "fp32", "cpu") == [2]
+    with pytest.raises(LabError, match="no fp8 KV cache"):
+        sweeps.fitting_batches("lab-tiny", [1], 10, "fp8", "cpu")
+
+
+def test_lesson_01s_gpu_decode_chart_starts_with_what_an_h100_holds():
+    """The reason `fitting_batches` primes lesson 01's decode chart: at its GPU context (8,192
+    tokens) the 8B's cache at batch 64 and its weights need more than an H100's 80 GB less the
+    lab's headroom, batch 32 fits (the footprint `Llama.check_cache` checks, weights included)."""
+    from labkit import backend
+    gpu = sizes.lab_settings("cuda")
+    spec, room = get_model(gpu["model"]), 80e9 * (1 - backend.HEADROOM)
+    need = lambda batch: roofline.memory_footprint_bytes(spec, batch, gpu["context"][3] + 1, gpu["dtype"],  # noqa: E731
+                                                         gpu["cache_dtype"], 1)
+    assert need(64) > room > need(32)
+
+
 def _cpu_timings(monkeypatch, shares, quiet=True):
     """sweeps._time on the CPU with scripted timings (each call's estimate and others' share, in
     turn) and wait_for_quiet answering `quiet`; returns (the timing kept, calls made, waits made)."""
