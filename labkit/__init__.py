@@ -20,6 +20,15 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 # next); waiting 2^4 cycles gives the cores back at once. Read when numpy loads.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
+# A process allowed fewer cores than the machine lists (a `taskset`, a container's cpuset or CPU
+# quota, a hub's per-learner limit: `cpu_info.usable_cores`) gets thread pools of that size, where
+# torch's, numba's and OpenBLAS's would each start one thread per listed CPU. Read when each loads.
+from .cpu_info import usable_cores as _usable_cores  # noqa: E402 (stdlib only: nothing loads before the variables)
+
+if _usable_cores() < (os.cpu_count() or 1):
+    for _name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, str(_usable_cores()))
+
 # Without an NVIDIA GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
 # before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs). This
 # is the one place that choice is made; `backend.triton_mode` reports it, and the tests import labkit

@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .cpu_info import usable_cores
+
 # A product runs on one thread when its weight is at most this large AND it is at most this
 # many FLOPs (about 0.3 ms on one core): below that a second thread's wake-up costs more.
 SINGLE_THREAD_WEIGHT_BYTES = 4 << 20
@@ -35,7 +37,7 @@ SINGLE_THREAD_FLOPS = 1 << 24
 # BLOCK_COLUMNS (4 MiB of a 256-row fp32 weight: a block stays in L3 while it is multiplied).
 SPLIT_MAX_ROWS = 16
 BLOCK_COLUMNS = 4096
-CORES = os.cpu_count() or 1
+CORES = usable_cores()  # the cores this process may keep busy (a container's or a hub's limit), not all the OS lists
 MAX_WORKERS = 8  # threads that share out one product; more only add hand-offs on small weights
 
 

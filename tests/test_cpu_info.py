@@ -95,3 +95,51 @@ def test_an_arm_linux_cpu_is_named_by_implementer_and_part(monkeypatch):
     monkeypatch.setattr(cpu_info, "Path", Fake)
     monkeypatch.setattr(cpu_info.platform, "machine", lambda: "aarch64")
     assert cpu_info.cpu_identity() == "CPU implementer 0x41 CPU part 0xd40 CPU variant 0x1: aarch64"
+
+
+def _cgroup(tmp_path, lines, files):
+    """A fake /proc/self/cgroup (`lines`) and cgroup tree (`files`: path under the root -> text)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "self").write_text("\n".join(lines) + "\n")
+    for path, text in files.items():
+        (tmp_path / "root" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "root" / path).write_text(text + "\n")
+    return tmp_path / "root", tmp_path / "self"
+
+
+def test_usable_cores_follow_the_affinity_mask_and_the_tightest_cgroup_quota(tmp_path, monkeypatch):
+    """A hub's learner: 16 CPUs in its mask; cgroup v2 caps its service at 2.5 CPUs, its slice at
+    4: 2 cores (rounded down). Unlimited ("max") and a v1 quota of -1 cap nothing; v1's quota over
+    its period does; no cgroup files at all leave the mask."""
+    monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: set(range(16)))
+    root, self_cgroup = _cgroup(tmp_path, ["0::/hub.slice/jupyter-ada.service"],
+                                {"cpu.max": "max 100000", "hub.slice/cpu.max": "400000 100000",
+                                 "hub.slice/jupyter-ada.service/cpu.max": "250000 100000"})
+    assert cpu_info.usable_cores(root, self_cgroup) == 2
+    root, self_cgroup = _cgroup(tmp_path / "v1", ["2:cpuacct:/", "1:cpu:/docker/abc", "0::/"],
+                                {"cpu/docker/abc/cpu.cfs_quota_us": "300000", "cpu/docker/abc/cpu.cfs_period_us": "100000",
+                                 "cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"})
+    assert cpu_info.usable_cores(root, self_cgroup) == 3
+    root, self_cgroup = _cgroup(tmp_path / "none", ["0::/"], {"cpu.max": "max 100000"})
+    assert cpu_info.usable_cores(root, self_cgroup) == 16
+    assert cpu_info.usable_cores(tmp_path / "absent", tmp_path / "absent-self") == 16
+    monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: {3})
+    root, self_cgroup = _cgroup(tmp_path / "tiny", ["0::/"], {"cpu.max": "50000 100000"})  # half a CPU
+    assert cpu_info.usable_cores(root, self_cgroup) == 1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no affinity call on this OS")
+def test_a_process_allowed_one_cpu_runs_one_thread_in_every_pool():
+    """Under `taskset` to one CPU, labkit's import sizes torch's, numba's and OpenBLAS's pools and
+    the products' workers to it, where numba alone would start a thread per CPU the OS lists."""
+    import json
+    import os
+    import subprocess
+    import sys
+    code = ("import labkit, torch, numba; from labkit import cpu_blas; import json; "
+            "print(json.dumps([torch.get_num_threads(), numba.get_num_threads(), cpu_blas.CORES]))")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    first = sorted(os.sched_getaffinity(0))[0]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {first}), timeout=120)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [1, 1, 1]
