@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from . import cpu_info
+from . import cgroups, cpu_info
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
 from .units import machine_name
@@ -202,25 +202,26 @@ def device_name(device) -> str:
 
 
 def free_memory_bytes(device) -> int:
-    """Memory free for new tensors: CUDA's free count, or MemAvailable on the CPU (capped by
-    the container's cgroup limit, since /proc/meminfo shows the whole host)."""
+    """Memory free for new tensors: CUDA's free count, or MemAvailable on the CPU, capped by the
+    room left under every cgroup memory limit on this process (`cgroups.memory_limits`: a
+    container's, a hub's per-learner one), since /proc/meminfo shows the whole host. A learner
+    limited to 4 GB on a server with 200 GB free is refused a 6 GB cache in one line, not killed."""
     kind, index = _kind_and_index(device)
     if kind == "cuda":
         return int(torch.cuda.mem_get_info(index)[0])
     available = _meminfo_bytes("MemAvailable")
-    limit, used = _cgroup_bytes("memory.max"), _cgroup_bytes("memory.current")
-    if limit is not None and used is not None:
-        available = min(available, max(limit - used, 0))
+    for limit, used in cgroups.memory_limits():  # the container's or a hub's limit on this learner
+        if used is not None:
+            available = min(available, max(limit - used, 0))
     return available
 
 
 def total_memory_bytes(device) -> int:
-    """The device's whole memory: the GPU's capacity, or MemTotal (capped by the cgroup limit)."""
+    """The device's whole memory: the GPU's capacity, or MemTotal (capped by the tightest cgroup limit)."""
     kind, index = _kind_and_index(device)
     if kind == "cuda":
         return int(torch.cuda.get_device_properties(index).total_memory)
-    total, limit = _meminfo_bytes("MemTotal"), _cgroup_bytes("memory.max")
-    return min(total, limit) if limit is not None else total
+    return min([_meminfo_bytes("MemTotal"), *(limit for limit, _ in cgroups.memory_limits())])
 
 
 def check_fits(required_bytes: float, device, what: str) -> int:
@@ -299,14 +300,6 @@ def _windows_memory_bytes() -> dict[str, int]:
     except (AttributeError, OSError):  # not Windows after all
         return {}
     return {"MemTotal": int(status.ullTotalPhys), "MemAvailable": int(status.ullAvailPhys)}
-
-
-def _cgroup_bytes(name: str) -> int | None:
-    """A cgroup v2 memory figure, or None where there is none (or it reads "max")."""
-    lines = _read_lines(f"/sys/fs/cgroup/{name}")
-    if not lines or not lines[0].strip().isdigit():
-        return None
-    return int(lines[0].strip())
 
 
 def _read_lines(path: str) -> list[str]:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import cgroups
+
 SYSFS = Path("/sys/devices/system/cpu")
 # The assumption where the OS reports no cache: 32 MiB is a common desktop and laptop
 # last-level cache; a calibration still sweeps to 4x it, past where most machines' caches end.
@@ -154,11 +156,10 @@ def _usable_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")) -> int:
+def usable_cores(cgroup_root: Path = cgroups.ROOT, self_cgroup: Path = cgroups.SELF) -> int:
     """How many cores this process may keep busy at once: the CPUs of its affinity mask (a
     `taskset`, a container's cpuset), fewer where a cgroup caps its CPU time (a container's
-    `--cpus`, a hub's per-learner limit: cgroup v2's cpu.max, or v1's cpu.cfs_quota_us over
-    cpu.cfs_period_us, in the process's own cgroup or any above it), rounded down, at least 1.
+    `--cpus`, a hub's per-learner limit: `cgroups.cpu_limits`, the tightest), rounded down, at least 1.
 
     Why: torch's and numba's thread pools follow the mask but not a quota. Under a cgroup v1
     quota of one CPU on the 2-core EPYC VM, both started 2 threads, and the calibration's short
@@ -166,48 +167,10 @@ def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path =
     of 212 GFLOP/s that the process cannot sustain; sized to one thread (labkit's import sets
     their variables from this), 109 GFLOP/s, and a decode point's roof fraction 0.62 against 0.42."""
     cores = len(_usable_cpus())
-    for quota, period in _cgroup_cpu_limits(cgroup_root, self_cgroup):
+    for quota, period in cgroups.cpu_limits(cgroup_root, self_cgroup):
         if quota > 0 and period > 0:
             cores = min(cores, max(1, int(quota // period)))
     return max(1, cores)
-
-
-def _cgroup_cpu_limits(root: Path, self_cgroup: Path) -> list[tuple[float, float]]:
-    """(quota, period) pairs of every CPU limit on this process's cgroups, from its own up to the
-    root (cgroup v2 "cpu.max"; v1 "cpu.cfs_quota_us" and "cpu.cfs_period_us"); none unlimited."""
-    limits = []
-    try:
-        lines = self_cgroup.read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        hierarchy, _, path = line.partition(":")[2].partition(":")
-        v2 = hierarchy == ""
-        if not v2 and "cpu" not in hierarchy.split(","):
-            continue
-        base = root if v2 else next((root / name for name in ("cpu,cpuacct", "cpu") if (root / name).is_dir()), None)
-        if base is None:
-            continue
-        folder = base / path.strip("/")
-        for here in (folder, *folder.parents):
-            if not here.is_relative_to(base):
-                break
-            if v2:
-                fields = _first_line(here / "cpu.max").split()
-                if len(fields) == 2 and fields[0] != "max":
-                    limits.append((float(fields[0]), float(fields[1])))
-            else:
-                quota, period = _first_line(here / "cpu.cfs_quota_us"), _first_line(here / "cpu.cfs_period_us")
-                if quota.lstrip("-").isdigit() and period.isdigit() and int(quota) > 0:
-                    limits.append((float(quota), float(period)))
-    return limits
-
-
-def _first_line(path: Path) -> str:
-    try:
-        return path.read_text().split("\n", 1)[0].strip()
-    except OSError:
-        return ""
 
 
 def cpu_identity() -> str:

@@ -120,11 +120,15 @@ def test_free_and_total_memory_come_from_meminfo(monkeypatch):
 
 
 def test_a_container_limit_caps_free_and_total_memory(monkeypatch):
-    files = {"/proc/meminfo": ["MemTotal: 16384 kB", "MemAvailable: 8192 kB"],
-             "/sys/fs/cgroup/memory.max": ["4194304"], "/sys/fs/cgroup/memory.current": ["1048576"]}
+    """The tightest cgroup limit caps the total, the least room under any of them the free memory
+    (a learner's service at 4 MiB with 1 MiB used, inside a slice at 6 MiB with 5 MiB used)."""
+    files = {"/proc/meminfo": ["MemTotal: 16384 kB", "MemAvailable: 8192 kB"]}
     monkeypatch.setattr(backend, "_read_lines", lambda path: files.get(path, []))
-    assert backend.free_memory_bytes("cpu") == 4194304 - 1048576
+    monkeypatch.setattr(backend.cgroups, "memory_limits", lambda: [(4194304, 1048576), (6291456, 5242880)])
+    assert backend.free_memory_bytes("cpu") == 6291456 - 5242880
     assert backend.total_memory_bytes("cpu") == 4194304
+    monkeypatch.setattr(backend.cgroups, "memory_limits", lambda: [])
+    assert backend.free_memory_bytes("cpu") == 8192 * 1024 and backend.total_memory_bytes("cpu") == 16384 * 1024
 
 
 def test_this_machine_reports_plausible_memory():

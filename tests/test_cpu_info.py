@@ -97,35 +97,13 @@ def test_an_arm_linux_cpu_is_named_by_implementer_and_part(monkeypatch):
     assert cpu_info.cpu_identity() == "CPU implementer 0x41 CPU part 0xd40 CPU variant 0x1: aarch64"
 
 
-def _cgroup(tmp_path, lines, files):
-    """A fake /proc/self/cgroup (`lines`) and cgroup tree (`files`: path under the root -> text)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "self").write_text("\n".join(lines) + "\n")
-    for path, text in files.items():
-        (tmp_path / "root" / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "root" / path).write_text(text + "\n")
-    return tmp_path / "root", tmp_path / "self"
-
-
-def test_usable_cores_follow_the_affinity_mask_and_the_tightest_cgroup_quota(tmp_path, monkeypatch):
-    """A hub's learner: 16 CPUs in its mask; cgroup v2 caps its service at 2.5 CPUs, its slice at
-    4: 2 cores (rounded down). Unlimited ("max") and a v1 quota of -1 cap nothing; v1's quota over
-    its period does; no cgroup files at all leave the mask."""
+def test_usable_cores_are_the_affinity_mask_capped_by_the_tightest_cpu_quota(monkeypatch):
+    """16 CPUs in the mask; quotas of 2.5 and 4 CPUs on the cgroups: 2 cores (rounded down); none:
+    the mask; half a CPU: 1."""
     monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: set(range(16)))
-    root, self_cgroup = _cgroup(tmp_path, ["0::/hub.slice/jupyter-ada.service"],
-                                {"cpu.max": "max 100000", "hub.slice/cpu.max": "400000 100000",
-                                 "hub.slice/jupyter-ada.service/cpu.max": "250000 100000"})
-    assert cpu_info.usable_cores(root, self_cgroup) == 2
-    root, self_cgroup = _cgroup(tmp_path / "v1", ["2:cpuacct:/", "1:cpu:/docker/abc", "0::/"],
-                                {"cpu/docker/abc/cpu.cfs_quota_us": "300000", "cpu/docker/abc/cpu.cfs_period_us": "100000",
-                                 "cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"})
-    assert cpu_info.usable_cores(root, self_cgroup) == 3
-    root, self_cgroup = _cgroup(tmp_path / "none", ["0::/"], {"cpu.max": "max 100000"})
-    assert cpu_info.usable_cores(root, self_cgroup) == 16
-    assert cpu_info.usable_cores(tmp_path / "absent", tmp_path / "absent-self") == 16
-    monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: {3})
-    root, self_cgroup = _cgroup(tmp_path / "tiny", ["0::/"], {"cpu.max": "50000 100000"})  # half a CPU
-    assert cpu_info.usable_cores(root, self_cgroup) == 1
+    for limits, cores in (([(250000.0, 100000.0), (400000.0, 100000.0)], 2), ([], 16), ([(50000.0, 100000.0)], 1)):
+        monkeypatch.setattr(cpu_info.cgroups, "cpu_limits", lambda *args, limits=limits: limits)
+        assert cpu_info.usable_cores() == cores
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no affinity call on this OS")
