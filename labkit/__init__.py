@@ -25,9 +25,10 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 # torch's, numba's and OpenBLAS's would each start one thread per listed CPU. Read when each loads.
 from .cpu_info import usable_cores as _usable_cores  # noqa: E402 (stdlib only: nothing loads before the variables)
 
-if _usable_cores() < (os.cpu_count() or 1):
+_cores = _usable_cores()
+if _cores < (os.cpu_count() or 1):
     for _name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_name, str(_usable_cores()))
+        os.environ.setdefault(_name, str(_cores))
 
 # Without an NVIDIA GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
 # before triton is imported (the FlashAttention lesson runs the lab's kernel on small inputs). This
