@@ -221,37 +221,56 @@ def last_boot() -> datetime | None:
     return datetime.fromtimestamp(int(match.group(1)), timezone.utc) if match else None
 
 
-def cpu_busy_s() -> float | None:
+def cpu_busy_s(cpus: set[int] | None = None, stat: str = "/proc/stat") -> float | None:
     """Seconds of CPU time all processes have used since boot, summed over cores (user, nice,
     system, irq, softirq, and steal: time the hypervisor gave this VM's cores to others), from
-    /proc/stat; None where the OS has no /proc/stat. Two readings bound the machine's load."""
+    /proc/stat: over every core, or over `cpus` only (their "cpuN" lines); None where the OS has
+    no /proc/stat. Two readings bound the machine's load."""
     try:
-        with open("/proc/stat") as file:
-            fields = [int(x) for x in file.readline().split()[1:9]]
-    except (OSError, ValueError):
+        with open(stat) as file:
+            lines = file.read().splitlines()
+    except OSError:
         return None
-    if len(fields) < 8:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    wanted = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
+    total = 0.0
+    for line in lines:
+        name, *values = line.split()
+        if name not in wanted:
+            continue
+        try:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in values[:8])
+        except ValueError:  # fewer than 8 fields, or not numbers
+            return None
+        total += user + nice + system + irq + softirq + steal
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _counted_cpus() -> set[int] | None:
+    """The CPUs whose load counts against this process: its affinity mask where that leaves some
+    out (a container's cpuset, a hub's per-learner CPUs: the others' load is not on its cores),
+    else None (every core)."""
+    mask = _usable_cpus()
+    return mask if len(mask) < (os.cpu_count() or 1) else None
 
 
 def load_snapshot() -> tuple[float, float | None, float]:
-    """(wall clock, CPU seconds of all processes, CPU seconds of this one) now."""
+    """(wall clock, CPU seconds of all processes on the counted cores, CPU seconds of this one) now."""
     own = os.times()
-    return time.monotonic(), cpu_busy_s(), own.user + own.system
+    return time.monotonic(), cpu_busy_s(_counted_cpus()), own.user + own.system
 
 
 def others_busy_share(start: tuple, min_wall_s: float = 0.0) -> float | None:
-    """The share of all cores that other processes (and a VM's neighbours, through steal time)
-    kept busy since `start` (a `load_snapshot`), over at least `min_wall_s` of wall time: a
-    confirmed figure can still be a busy machine's, when the load was steady. None where the OS
-    does not say (no /proc/stat)."""
+    """The share of the cores this process may run on (`_counted_cpus`: its cpuset, else all)
+    that other processes (and a VM's neighbours, through steal time) kept busy since `start` (a
+    `load_snapshot`), over at least `min_wall_s` of wall time: a confirmed figure can still be a
+    busy machine's, when the load was steady. None where the OS does not say (no /proc/stat)."""
     end = load_snapshot()
     if start[1] is None or end[1] is None:
         return None
     wall_s = max(end[0] - start[0], min_wall_s, 1e-9)
-    return max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / (wall_s * (os.cpu_count() or 1))
+    counted = _counted_cpus()
+    cores = len(counted) if counted is not None else (os.cpu_count() or 1)
+    return max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / (wall_s * cores)
 
 
 def run_command(args: list[str]) -> str | None:

@@ -416,7 +416,7 @@ def test_a_calibration_while_other_processes_keep_the_cores_busy_is_noisy(monkey
     the calibration (all processes' from /proc/stat, less this one's) flags it instead."""
     busy_s = [1000.0]
 
-    def busy():  # the machine used another 1,000 CPU seconds between any two readings: not us
+    def busy(cpus=None):  # the machine used another 1,000 CPU seconds between any two readings: not us
         busy_s[0] += 1000.0
         return busy_s[0]
 
@@ -424,7 +424,7 @@ def test_a_calibration_while_other_processes_keep_the_cores_busy_is_noisy(monkey
     spec, info = calibrate.calibrate("cpu", TINY)
     assert info["others_busy_share"] > calibrate.OTHERS_BUSY_LIMIT
     assert info["noisy"][-1].startswith("other processes kept") and info["noisy"][-1].endswith("of the cores busy meanwhile")
-    monkeypatch.setattr(cpu_info, "cpu_busy_s", lambda: None)  # an OS without /proc/stat: not checked, not guessed
+    monkeypatch.setattr(cpu_info, "cpu_busy_s", lambda cpus=None: None)  # an OS without /proc/stat: not checked, not guessed
     real, shares = calibrate.others_busy_share, []
     monkeypatch.setattr(calibrate, "others_busy_share", lambda *a, **k: shares.append(real(*a, **k)) or shares[-1])
     spec, info = calibrate.calibrate("cpu", TINY)

@@ -121,3 +121,30 @@ def test_a_process_allowed_one_cpu_runs_one_thread_in_every_pool():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
                          preexec_fn=lambda: os.sched_setaffinity(0, {first}), timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [1, 1, 1]
+
+
+def test_busy_time_is_read_for_all_cores_or_for_the_cores_of_a_mask(tmp_path):
+    """/proc/stat's fields (user nice system idle iowait irq softirq steal) in clock ticks: the
+    busy time leaves idle and iowait out; a mask counts its own cores' lines only."""
+    import os
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  30 0 10 500 7 1 1 2 0 0\ncpu0 10 0 5 250 3 0 1 0 0 0\ncpu1 20 0 5 250 4 1 0 2 0 0\nintr 1\n")
+    assert cpu_info.cpu_busy_s(stat=str(stat)) == 44 / tick
+    assert cpu_info.cpu_busy_s({1}, str(stat)) == 28 / tick and cpu_info.cpu_busy_s({0}, str(stat)) == 16 / tick
+    assert cpu_info.cpu_busy_s(stat=str(tmp_path / "none")) is None
+
+
+def test_a_process_held_to_some_cores_counts_only_their_load(monkeypatch):
+    """A learner held to CPU 3 of 8 (a cpuset): the others' load is read on CPU 3 alone and shared
+    over that one core; without a mask, over all eight."""
+    asked, busy = [], iter([100.0, 100.5])
+    monkeypatch.setattr(cpu_info.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: {3})
+    monkeypatch.setattr(cpu_info, "cpu_busy_s", lambda cpus=None: asked.append(cpus) or next(busy))
+    monkeypatch.setattr(cpu_info.time, "monotonic", iter([0.0, 1.0]).__next__)
+    monkeypatch.setattr(cpu_info.os, "times", lambda: type("T", (), {"user": 0.0, "system": 0.0})())
+    start = cpu_info.load_snapshot()
+    assert cpu_info.others_busy_share(start) == 0.5 and asked == [{3}, {3}]
+    monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: set(range(8)))
+    assert cpu_info._counted_cpus() is None
