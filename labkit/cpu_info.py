@@ -25,6 +25,7 @@ that level. Where each size comes from, in order:
 """
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import re
@@ -227,8 +228,8 @@ def cpu_busy_s(cpus: set[int] | None = None, stat: str = "/proc/stat") -> float 
     /proc/stat: over every core, or over `cpus` only (their "cpuN" lines); None where the OS has
     no /proc/stat. Two readings bound the machine's load."""
     try:
-        with open(stat) as file:
-            lines = file.read().splitlines()
+        with open(stat) as file:  # the "cpu" lines come first; the rest (interrupts: long) is not read
+            lines = list(itertools.takewhile(lambda line: line.startswith("cpu"), file))
     except OSError:
         return None
     wanted = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
