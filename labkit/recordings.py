@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from .cpu_info import run_command
+from .cpu_info import run_command, usable_cores
 from .errors import LabError
 from .units import machine_name
 
@@ -45,6 +45,8 @@ def provenance(device: str, command: str | None = None) -> dict:
         "triton": _version("triton") or _version("pytorch-triton"), "numpy": _version("numpy"),
         "python": platform.python_version(), "platform": platform.platform(),
         "hostname": socket.gethostname(), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        # the cores this process could use (an affinity mask, a cgroup's quota: a container, a hub)
+        "usable_cores": usable_cores(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv) if command is None else command,
         "git_commit": commit,

@@ -27,6 +27,7 @@ def test_provenance_names_device_date_and_software():
     assert info["torch"] == torch.__version__ and info["numpy"] == np.__version__
     assert info["python"] == f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
     assert info["threads"] == torch.get_num_threads()
+    assert 1 <= info["usable_cores"] <= info["cpu_count"]
     assert info["command"] == " ".join(sys.argv)
     assert info["driver"] is None  # no CUDA driver for a CPU recording
     for key in ("triton", "platform", "hostname", "git_commit", "cuda_runtime"):
