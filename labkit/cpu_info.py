@@ -12,7 +12,8 @@ last-level cache) and whether a cached calibration still describes this machine.
 
 A cache level's `bytes` is what all the cores this process may run on hold together: a per-core
 L2 counts once per core, a shared L3 once. That is the working set an all-core read keeps in
-that level. Where each size comes from, in order:
+that level. Under a CPU quota (fewer threads than cores: `usable_cores`), only the instances that
+many threads can fill count (`held_by`). Where each size comes from, in order:
 
   1. Linux sysfs, /sys/devices/system/cpu/cpu*/cache/index*/{level,type,size,shared_cpu_list}
      (x86 and most ARM servers): sizes and which cores share each instance;
@@ -75,17 +76,33 @@ class CacheLevels:
         return f"{', '.join(parts) or 'no cache level reported'}, {self.source}"
 
 
-def cpu_caches(cpus: set[int] | None = None) -> CacheLevels:
+def cpu_caches(cpus: set[int] | None = None, threads: int | None = None) -> CacheLevels:
     """The L2 and larger cache levels of the cores in `cpus` (default: those this process may
-    run on), from the first source in the module docstring that reports any."""
+    run on), from the first source in the module docstring that reports any; where fewer
+    `threads` run than there are cores (default `usable_cores`: a cgroup's CPU quota), as that
+    many threads can hold them (`held_by`)."""
+    threads = usable_cores() if threads is None and cpus is None else threads
     cpus = _usable_cpus() if cpus is None else set(cpus)
     for reader in (_from_sysfs, _from_sysctl, _from_sysconf):
         found = reader(cpus)
         if found is not None and found.levels:
-            return found
+            return held_by(found, threads) if threads is not None and threads < len(cpus) else found
     return CacheLevels((CacheLevel("LLC", FALLBACK_LAST_LEVEL_BYTES, 1),),
                        f"assumed: the OS reports no cache sizes here; a {_mib(FALLBACK_LAST_LEVEL_BYTES)} "
                        "last-level cache assumed")
+
+
+def held_by(caches: CacheLevels, threads: int) -> CacheLevels:
+    """`caches` as `threads` threads can fill them: a level's instances beyond one a thread are
+    not theirs to fill. Why: a learner held to 2 CPUs of time (a cgroup quota, no cpuset) on a
+    96-core EPYC with 1,152 MiB of L3 in 12 instances runs its reads on 2 threads, which reach 2
+    of those instances (192 MiB) at most; counted whole, the calibration's sweep would reach 4x
+    1,152 MiB, past a learner's memory limit, to find a DRAM rate the lab's working sets meet far
+    sooner."""
+    levels = tuple(CacheLevel(level.name, level.bytes * min(level.instances, threads) // level.instances,
+                              min(level.instances, threads)) for level in caches.levels)
+    return CacheLevels(levels, f"{caches.source}, as {threads} thread{'s' if threads != 1 else ''} "
+                               "can fill them (a CPU quota)")
 
 
 def parse_size(text: str) -> int:

@@ -148,3 +148,23 @@ def test_a_process_held_to_some_cores_counts_only_their_load(monkeypatch):
     assert cpu_info.others_busy_share(start) == 0.5 and asked == [{3}, {3}]
     monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: set(range(8)))
     assert cpu_info._counted_cpus() is None
+
+
+def test_a_cpu_quota_counts_only_the_cache_instances_its_threads_can_fill(tmp_path, monkeypatch):
+    """8 cores, a 1 MiB L2 each, an L3 of 32 MiB per pair of cores (4 instances): 2 threads (a
+    quota of 2 CPUs, every core in the mask) can fill 2 L2s and 2 L3 instances, 2 MiB and 64 MiB;
+    with a thread a core (no quota) every instance counts."""
+    for cpu in range(8):
+        _index(tmp_path, cpu, 0, 2, "Unified", "1024K", cpu)
+        _index(tmp_path, cpu, 1, 3, "Unified", "32768K", f"{cpu // 2 * 2}-{cpu // 2 * 2 + 1}")
+    whole = cpu_info._from_sysfs(set(range(8)), tmp_path)
+    assert whole.as_pairs() == (("L2", 8 * 2**20), ("L3", 128 * 2**20))
+    held = cpu_info.held_by(whole, 2)
+    assert held.as_pairs() == (("L2", 2 * 2**20), ("L3", 64 * 2**20)) and held.levels[1].instances == 2
+    assert held.source.endswith("as 2 threads can fill them (a CPU quota)")
+    monkeypatch.setattr(cpu_info, "_from_sysfs", lambda cpus: whole)
+    monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: set(range(8)))
+    monkeypatch.setattr(cpu_info, "usable_cores", lambda: 2)
+    assert cpu_info.cpu_caches().as_pairs() == held.as_pairs()
+    monkeypatch.setattr(cpu_info, "usable_cores", lambda: 8)
+    assert cpu_info.cpu_caches() == whole
