@@ -278,17 +278,24 @@ def load_snapshot() -> tuple[float, float | None, float]:
 
 
 def others_busy_share(start: tuple, min_wall_s: float = 0.0) -> float | None:
-    """The share of the cores this process may run on (`_counted_cpus`: its cpuset, else all)
-    that other processes (and a VM's neighbours, through steal time) kept busy since `start` (a
-    `load_snapshot`), over at least `min_wall_s` of wall time: a confirmed figure can still be a
-    busy machine's, when the load was steady. None where the OS does not say (no /proc/stat)."""
+    """The share of this process's cores (`usable_cores`) that other processes (and a VM's
+    neighbours, through steal time) took from it since `start` (a `load_snapshot`), over at least
+    `min_wall_s` of wall time: a confirmed figure can still be a busy machine's, when the load was
+    steady. None where the OS does not say (no /proc/stat).
+
+    The others' load is read on the cores this process may run on (`_counted_cpus`: its cpuset,
+    else all); what of it fits on the cores it does not need (a CPU quota of 2 on a server of 64)
+    takes nothing from it. So a learner held to 2 CPUs of time is disturbed only once the others
+    leave fewer than 2 cores idle; without a quota, the others' share of all the cores."""
     end = load_snapshot()
     if start[1] is None or end[1] is None:
         return None
     wall_s = max(end[0] - start[0], min_wall_s, 1e-9)
     counted = _counted_cpus()
     cores = len(counted) if counted is not None else (os.cpu_count() or 1)
-    return max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / (wall_s * cores)
+    mine = min(usable_cores(), cores)
+    others = max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / wall_s  # cores' worth of others' work
+    return max(0.0, others - (cores - mine)) / mine
 
 
 def run_command(args: list[str]) -> str | None:

@@ -150,6 +150,20 @@ def test_a_process_held_to_some_cores_counts_only_their_load(monkeypatch):
     assert cpu_info._counted_cpus() is None
 
 
+def test_under_a_cpu_quota_only_the_others_load_past_the_idle_cores_it_needs_counts(monkeypatch):
+    """A learner with 2 CPUs of time on 8 cores: others busy on 5 cores leave 3 idle, so nothing
+    is taken from it; on 7, one of its 2 cores' worth (0.5). Without a quota, 7 of 8 cores."""
+    monkeypatch.setattr(cpu_info.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(cpu_info, "_usable_cpus", lambda: set(range(8)))
+    monkeypatch.setattr(cpu_info.os, "times", lambda: type("T", (), {"user": 0.0, "system": 0.0})())
+    for usable, others, share in ((2, 5.0, 0.0), (2, 7.0, 0.5), (8, 7.0, 7 / 8)):
+        monkeypatch.setattr(cpu_info, "usable_cores", lambda usable=usable: usable)
+        readings = iter([100.0, 100.0 + others])
+        monkeypatch.setattr(cpu_info, "cpu_busy_s", lambda cpus=None, readings=readings: next(readings))
+        monkeypatch.setattr(cpu_info.time, "monotonic", iter([0.0, 1.0]).__next__)
+        assert cpu_info.others_busy_share(cpu_info.load_snapshot()) == share
+
+
 def test_a_cpu_quota_counts_only_the_cache_instances_its_threads_can_fill(tmp_path, monkeypatch):
     """8 cores, a 1 MiB L2 each, an L3 of 32 MiB per pair of cores (4 instances): 2 threads (a
     quota of 2 CPUs, every core in the mask) can fill 2 L2s and 2 L3 instances, 2 MiB and 64 MiB;
