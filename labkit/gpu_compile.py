@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cli_args import Parser, UsageError
+from .cpu_info import usable_cores
 from .specs import gpu_limits
 
 # (target name, the GPUS preset whose limits it is checked against)
@@ -504,7 +505,8 @@ def parse_args(argv=None):
     parser = Parser(prog="python -m labkit.gpu_compile", description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default=",".join(TARGETS), help=f"a comma-separated subset of {','.join(TARGETS)}")
     parser.add_argument("--kernels", default=",".join(KERNEL_NAMES), help=f"a subset of {','.join(KERNEL_NAMES)}")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (the CPU count)")
+    parser.add_argument("--jobs", type=int, default=usable_cores(),
+                        help="compiler processes (the cores this process may use)")
     args = parser.parse_args(argv)
     for name, known in (("targets", TARGETS), ("kernels", KERNEL_NAMES)):
         chosen = tuple(x.strip() for x in getattr(args, name).split(",") if x.strip())
