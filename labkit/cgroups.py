@@ -37,7 +37,7 @@ def own_folders(controller: str, root: Path = ROOT, self_cgroup: Path = SELF) ->
             bases = [base for base in (root, root / "unified") if (base / "cgroup.controllers").exists()]
             version = 2
         elif controller in hierarchy.split(","):
-            bases = [root / name for name in (hierarchy, "cpu,cpuacct", controller) if (root / name).is_dir()]
+            bases = [root / name for name in (hierarchy, controller) if (root / name).is_dir()]  # "cpu,cpuacct" or its link "cpu"
             version = 1
         else:
             continue
@@ -54,11 +54,11 @@ def cpu_limits(root: Path = ROOT, self_cgroup: Path = SELF) -> list[tuple[float,
     for folder, version in own_folders("cpu", root, self_cgroup):
         if version == 2:
             fields = _first_line(folder / "cpu.max").split()
-            if len(fields) == 2 and fields[0] != "max" and _number(fields[0]) and _number(fields[1]):
+            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():  # "max 100000": none
                 limits.append((float(fields[0]), float(fields[1])))
         else:
             quota, period = _first_line(folder / "cpu.cfs_quota_us"), _first_line(folder / "cpu.cfs_period_us")
-            if _number(quota) and _number(period) and int(quota) > 0:
+            if quota.isdigit() and period.isdigit() and int(quota) > 0:  # "-1": none
                 limits.append((float(quota), float(period)))
     return limits
 
@@ -70,13 +70,9 @@ def memory_limits(root: Path = ROOT, self_cgroup: Path = SELF) -> list[tuple[int
     for folder, version in own_folders("memory", root, self_cgroup):
         limit_name, used_name = names[version]
         limit, used = _first_line(folder / limit_name), _first_line(folder / used_name)
-        if _number(limit) and int(limit) < UNLIMITED_V1_BYTES:
-            limits.append((int(limit), int(used) if _number(used) else None))
+        if limit.isdigit() and int(limit) < UNLIMITED_V1_BYTES:  # v2's "max": none
+            limits.append((int(limit), int(used) if used.isdigit() else None))
     return limits
-
-
-def _number(text: str) -> bool:
-    return text.isdigit()
 
 
 def _first_line(path: Path) -> str:
