@@ -287,7 +287,9 @@ def attention_reference(q, k, v, causal=True, sm_scale=None):
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     k = k.float().repeat_interleave(H // Hkv, dim=1)  # [B, H, S, D]: head h -> kv head h // G
     v = v.float().repeat_interleave(H // Hkv, dim=1)
-    scores = (q.float() @ k.transpose(-1, -2)) * sm_scale  # [B, H, P, S]
+    # The scale on q [B, H, P, D], not on the scores: three kernels over the square (Q K^T, softmax,
+    # P V), as `roofline.naive_attention_work` counts them, not a fourth pass to scale it.
+    scores = (q.float() * sm_scale) @ k.transpose(-1, -2)  # [B, H, P, S]
     if causal:
         q_pos = torch.arange(S - P, S, device=q.device)  # absolute query positions [P]
         visible = torch.arange(S, device=q.device)[None, :] <= q_pos[:, None]  # [P, S]

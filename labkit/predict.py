@@ -58,35 +58,27 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
                           "the attention term grows with the square of the prompt")
 
 
-# On a CPU each P x S matrix plain attention makes is a fresh allocation far past glibc's 32 MiB
-# mmap threshold (`cpu_memory`), so its pages are faulted in and zeroed by the OS as it is written:
-# on the 2-core EPYC VM at the lesson's CPU sizes (P = 8,192, 2 heads on 1 kv head, head dim 64: 537 MB
-# of fp32 scores), scaling the scores took 142 ms into a new tensor and 29 ms into an existing one,
-# and Q K^T 225 against 108 ms, in a plain call of 660 ms where torch's fused attention took 202
-# (fastest of 3, torch 2.13, 2026-12-05). The roofline counts neither that nor the softmax's exponentials.
-CPU_SQUARE_NOTE = ("; on a CPU, each new P × P matrix also lands on fresh pages that the operating system must "
-                   "zero as it is written, and the softmax's exponentials cost time the roofline does not count")
-
-
 def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int, head_dim: int,
                          device: str | None = None) -> dict:
     """Lesson 03: how many times faster the fused (flash) attention call is than plain attention
-    at P = `tokens`: the roofline's times (same FLOPs; the square's traffic or none) against both
-    calls timed here."""
+    at P = `tokens`: the roofline's times against both calls timed here. Same FLOPs; plain
+    attention's three kernels in turn (`roofline.naive_attention_work`: the products at their roof,
+    the softmax's passes over the square at the bandwidth of the square's tier), the fused kernel
+    as one call at its roof."""
     kind = backend.choose_device(device)
     roof, _ = calibrate.load_or_calibrate(kind.device)
     dtype = kind.compute_dtype
     flops = roofline.attention_flops(1, heads, head_dim, tokens)
-    naive_bytes = roofline.naive_attention_bytes(1, heads, tokens, tokens, head_dim, dtype, kv_heads, "fp32")
+    work = roofline.naive_attention_work(1, heads, tokens, tokens, head_dim, dtype, kv_heads, "fp32")
+    square = roofline.roof_at_working_set(roof, work["softmax"]["bytes"] / 2)
     flash_bytes = roofline.flash_attention_bytes(1, heads, tokens, tokens, head_dim, dtype, kv_heads)
-    predicted = (roofline.roofline_time_s(flops, naive_bytes, roof, dtype)
+    predicted = (roofline.in_turn_time_s(work, square, dtype)
                  / roofline.roofline_time_s(flops, flash_bytes, roof, dtype))
     naive, flash = (attention.time_point(m, tokens, heads, kv_heads, head_dim, dtype, kind.device)
                     for m in ("naive", "flash"))
-    why = ("both do the same FLOPs, and plain attention also writes the P × P scores and reads them back, in "
-           "passes of its own that the roofline prices only as traffic")
-    if kind.device == "cpu":  # what else the square costs a CPU, beyond its traffic
-        why += CPU_SQUARE_NOTE
+    why = ("both do the same FLOPs; plain attention runs them as three kernels in turn and, between its two "
+           "products, writes the P × P scores, reads them for the softmax, writes the probabilities and reads them "
+           "back: traffic the fused kernel never makes")
     return explore.reveal(f"plain attention's time ÷ the fused kernel's at P = {tokens:,} ({heads} heads)", "×",
                           estimate, predicted, naive["time_s"] / flash["time_s"], naive["device_name"], why)
 

@@ -624,6 +624,29 @@ def naive_attention_bytes(batch: int, heads: int, query_tokens: int, key_tokens:
     return qo + kv + scores
 
 
+def naive_attention_work(batch: int, heads: int, query_tokens: int, key_tokens: int, head_dim: int,
+                         dtype: str = "bf16", kv_heads: int | None = None,
+                         score_dtype: str = "fp32") -> dict[str, dict[str, int]]:
+    """`naive_attention_bytes` and `attention_flops` split over its three kernels, each {"flops",
+    "bytes"}, for `in_turn_time_s`: "scores" (Q K^T: half the FLOPs; Q and K read, the P x S
+    scores written), "softmax" (no FLOPs counted: the scores read, the probabilities written),
+    "mix" (probabilities @ V: the other half; the probabilities and V read, O written).
+
+    Why split: the whole call's roof overlaps the products' arithmetic with the softmax's
+    traffic, which run one after another. Where the products are compute-bound (a CPU, whose
+    ridge is low) the whole call's roof is that of the fused kernel, as if the square cost
+    nothing; in turn, the softmax's two passes over the square add their own time."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    element = BYTES_PER_ELEMENT[_check_dtype(dtype)]
+    rows = batch * heads * query_tokens * head_dim * element  # Q read, or O written
+    keys = batch * kv_heads * key_tokens * head_dim * element  # K read, or V read
+    square = batch * heads * query_tokens * key_tokens * BYTES_PER_ELEMENT[_check_dtype(score_dtype)]
+    half = attention_flops(batch, heads, head_dim, query_tokens, key_tokens - query_tokens) // 2  # full, not causal
+    return {"scores": {"flops": half, "bytes": rows + keys + square},
+            "softmax": {"flops": 0, "bytes": 2 * square},
+            "mix": {"flops": half, "bytes": square + keys + rows}}
+
+
 def flash_attention_bytes(batch: int, heads: int, query_tokens: int, key_tokens: int, head_dim: int,
                           dtype: str = "bf16", kv_heads: int | None = None, block_m: int | None = None) -> int:
     """Memory traffic of a fused (flash) attention kernel: the scores stay on chip, never counted.

@@ -49,3 +49,12 @@ def test_footprint_is_the_live_score_matrices():
 def test_unknown_dtype_is_refused():
     with pytest.raises(SpecError):
         r.naive_attention_bytes(1, 1, 8, 8, 4, "fp12")
+
+
+def test_plain_attention_s_three_kernels_add_up_to_its_flops_and_bytes():
+    work = r.naive_attention_work(1, 32, 4096, 8192, 128, "bf16", 8, "fp32")
+    assert list(work) == ["scores", "softmax", "mix"]
+    assert sum(p["bytes"] for p in work.values()) == r.naive_attention_bytes(1, 32, 4096, 8192, 128, "bf16", 8, "fp32")
+    assert sum(p["flops"] for p in work.values()) == r.attention_flops(1, 32, 128, 4096, 8192 - 4096)
+    assert work["softmax"] == {"flops": 0, "bytes": 2 * 32 * 4096 * 8192 * 4}  # the square read, then written
+    assert work["scores"]["flops"] == work["mix"]["flops"]
