@@ -83,20 +83,22 @@ def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int
                           estimate, predicted, naive["time_s"] / flash["time_s"], naive["device_name"], why)
 
 
-def reveal_context_slowdown(estimate: float, device: str | None = None) -> dict:
-    """Lesson 04: how many times longer a batch-1 decode step takes at the longest context than at none."""
+def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=None) -> dict:
+    """Lesson 04: how many times longer a batch-1 decode step takes at the longest context than at
+    none. `sweep()`: batch-1 decode points over contexts from 0 to the longest (default
+    `sweeps.decode_sweep` over those two, in two rounds); lesson 04 passes its context sweep's
+    `shared_run.SharedRun` reader, so the answer and the chart under it show the same steps."""
     model, kind, dtype, cache_dtype, roof = _lab(device)
-    longest = sizes.lab_settings(kind)["context"][1]
     step = lambda s: roofline.predicted_decode_step_s(model, 1, s, roof, dtype, cache_dtype, roofline.KERNEL)
-    # Each point timed twice, in alternation, keeping its faster: a ratio of two timings taken one
-    # after the other is the machine's moment as much as the cache (make test on the 2-core EPYC VM,
-    # whose memory's rate moves within seconds, once measured 0.92x where 1.6-1.9x is usual). One
-    # cache, sized for the longest, serves both.
-    points = [sweeps.measure_decode(model, 1, s, cache_dtype, kind, capacity=longest + 1)
-              for _ in range(2) for s in (0, longest)]
-    empty, full = (min(points[i::2], key=lambda p: p["time_s"]) for i in (0, 1))
-    return explore.reveal(f"decode step at {longest:,} tokens of context ÷ at none (batch 1)", "×", estimate,
-                          step(longest) / step(0), full["time_s"] / empty["time_s"], empty["device_name"],
+    sweep = sweep or (lambda: sweeps.decode_sweep(model, [1], [0, sizes.lab_settings(kind)["context"][1]],
+                                                  [cache_dtype], kind, rounds=2))
+    points = sorted(sweep(), key=lambda p: p["context_tokens"])
+    empty, full = points[0], points[-1]
+    shortest = f"{empty['context_tokens']:,} tokens" if empty["context_tokens"] else "none"
+    return explore.reveal(f"decode step at {full['context_tokens']:,} tokens of context ÷ at {shortest} (batch 1)",
+                          "×", estimate,
+                          step(full["context_tokens"]) / step(empty["context_tokens"]),
+                          full["time_s"] / empty["time_s"], empty["device_name"],
                           "every step reads the whole cache: its share of the read grows with the context")
 
 
@@ -170,7 +172,7 @@ _ASK = {
     "flash_speedup": (lambda tokens, heads, kv_heads, head_dim, device=None: f"At P = {tokens:,} tokens ({heads} heads), "
                       "how many times faster is the fused attention call than plain attention on this machine?",
                       "×", reveal_flash_speedup),
-    "context_slowdown": (lambda device=None: f"At batch 1, how many times longer does a decode step take with "
+    "context_slowdown": (lambda device=None, sweep=None: f"At batch 1, how many times longer does a decode step take with "
                          f"{_context(device)[1]:,} tokens of context than with none?", "×", reveal_context_slowdown),
     "static_utilisation": (lambda requests, max_batch, step_time_s, label: "On the chapter's request mix at max batch "
                            f"{max_batch}, what share of a static batch's slot-steps emit a token?", "%",

@@ -86,6 +86,34 @@ def test_decode_at_context_zero_and_sweeps(fake_roof, monkeypatch):
     assert (record["batch"], record["context_tokens"]) == (2, 8)
 
 
+def test_a_sweep_in_rounds_times_every_point_there_and_back_and_keeps_its_fastest(monkeypatch):
+    """rounds=2: the grid forwards, then backwards (a ratio of its ends is not one moment against
+    another); each point keeps its fastest timing; progress counts every timing."""
+    order, seen = [], []
+    times = iter([0.5, 0.9, 0.7, 0.4])  # S=0, S=40 forwards, then S=40, S=0 backwards
+
+    def fake_measure(model, batch, context_tokens, cache_dtype, device, capacity=None):
+        order.append(context_tokens)
+        return {"batch": batch, "context_tokens": context_tokens, "time_s": next(times), "device": "cpu",
+                "bound": "memory", "roof_fraction": 0.8, "capacity": capacity}
+
+    monkeypatch.setattr(sweeps, "measure_decode", fake_measure)
+    points = sweeps.decode_sweep("lab-tiny", [1], [40, 0], ["fp32"], "cpu", lambda i, n: seen.append((i, n)), rounds=2)
+    assert order == [0, 40, 40, 0] and seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert [(p["context_tokens"], p["time_s"]) for p in points] == [(0, 0.4), (40, 0.7)]
+    assert {p["capacity"] for p in points} == {41}
+
+
+def test_the_context_question_reads_the_ends_of_the_sweep_it_is_given(fake_roof):
+    from labkit import predict
+    ran = []
+    sweep = lambda: ran.append(1) or [{"context_tokens": c, "time_s": t, "device_name": "a CPU"}
+                                      for c, t in ((8192, 0.006), (0, 0.004), (2048, 0.0045))]
+    out = predict.reveal_context_slowdown(2.0, device="cpu", sweep=sweep)
+    assert ran == [1] and out["rows"][2] == ("measured on a CPU", "1.5×")
+    assert "8,192 tokens of context ÷ at none" in str(out)
+
+
 def test_models_are_reused():
     assert sweeps.get_built_model("lab-tiny", "cpu") is sweeps.get_built_model("lab-tiny", "cpu")
 

@@ -249,8 +249,8 @@ def progress(total: int, description: str = "measuring"):
     bar = widgets.IntProgress(value=0, min=0, max=total, description=description,
                               style={"description_width": "initial"})
 
-    def advance(done, _total):
-        bar.value = done
+    def advance(done, total):
+        bar.max, bar.value = total, done
     return bar, advance
 
 
