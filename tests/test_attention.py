@@ -93,6 +93,20 @@ def test_a_peak_after_a_model_was_built_in_the_process_is_not_hidden_by_kept_hea
     assert 0.8 < point["peak_bytes"] / point["predicted_bytes"] < 2.0, point
 
 
+def test_a_peak_measured_after_plain_attention_was_timed_is_still_its_own():
+    """Timing keeps plain attention's matrices' pages for reuse (`cpu_memory.reused_memory`); a
+    learner who reruns the memory sweep after the question measures in a process that did so: the
+    peak there is still near the prediction, not hidden by kept heap."""
+    code = ("import json; from labkit import attention; "
+            "attention.time_point('naive', 2048, 2, 1, 32, 'fp32', 'cpu'); "
+            "print(json.dumps(attention.memory_point('naive', 2048, 2, 1, 32, 'fp32', 'cpu')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LABKIT_DEVICE": "cpu", "LABKIT_QUIET_WAIT_S": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    point = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0.8 < point["peak_bytes"] / point["predicted_bytes"] < 1.5, point
+
+
 def test_oversized_sizes_are_refused_before_allocating():
     with pytest.raises(FootprintError, match="budget"):
         attention.memory_point("naive", 1 << 20, 32, 8, 128, "fp32", "cpu", budget_bytes=2**30)
