@@ -63,14 +63,14 @@ def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int
     """Lesson 03: how many times faster the fused (flash) attention call is than plain attention
     at P = `tokens`: the roofline's times against both calls timed here. Same FLOPs; plain
     attention's three kernels in turn (`roofline.naive_attention_work`: the products at their roof,
-    the softmax's passes over the square at the bandwidth of the square's tier), the fused kernel
+    the softmax's passes at the bandwidth of the tier the scores and probabilities lie in), the fused kernel
     as one call at its roof."""
     kind = backend.choose_device(device)
     roof, _ = calibrate.load_or_calibrate(kind.device)
     dtype = kind.compute_dtype
     flops = roofline.attention_flops(1, heads, head_dim, tokens)
     work = roofline.naive_attention_work(1, heads, tokens, tokens, head_dim, dtype, kv_heads, "fp32")
-    square = roofline.roof_at_working_set(roof, work["softmax"]["bytes"] / 2)
+    square = roofline.roof_at_working_set(roof, work["softmax"]["bytes"])  # the scores and the probabilities
     flash_bytes = roofline.flash_attention_bytes(1, heads, tokens, tokens, head_dim, dtype, kv_heads)
     predicted = (roofline.in_turn_time_s(work, square, dtype)
                  / roofline.roofline_time_s(flops, flash_bytes, roof, dtype))
