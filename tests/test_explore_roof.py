@@ -171,3 +171,28 @@ def test_the_charts_draw_the_kernels_in_turn_only_where_they_part_from_the_roof(
     steps = explore.decode_prediction(LAB_CPU, EPYC, [1, 16, 32, 64], 1024, "fp32", "fp32")
     fig = views.measured_vs_predicted_figure("batch", steps, "batch", "t")
     assert names(fig)[5] == explore.IN_TURN_LABEL and list(fig.data[5].y) == steps["in_turn_time_s"]
+
+
+def test_a_chart_whose_points_beat_their_roof_says_so_and_why_under_its_title():
+    """A chart of several points shows only negative residual bars where points beat their roof;
+    its note says how many and which reason the bandwidth read just after them points to."""
+    from labkit import views
+    base = {"time_s": 0.001, "predicted_time_s": 0.001, "bound": "memory", "device_name": "a CPU",
+            "roof_bandwidth_bytes_per_s": 50e9}
+    under = dict(base, batch=1, roof_fraction=0.9)
+    slower_moment = dict(base, batch=2, roof_fraction=1.22, moment_bandwidth_bytes_per_s=62e9, moment_roof_fraction=0.98)
+    cached = dict(base, batch=4, roof_fraction=1.1, moment_bandwidth_bytes_per_s=52e9, moment_roof_fraction=1.06)
+    unread = dict(base, batch=8, roof_fraction=1.05)
+    assert explore.measured_series([under], "batch")["note"] is None
+    note = explore.over_roof_note([under, slower_moment])
+    assert note.startswith("1 of 2 points ran faster than the calibrated roof (up to 1.22×; hover it for its reading)")
+    assert "the calibration is from a slower moment" in note
+    assert "data stayed in a cache" in explore.over_roof_note([slower_moment, cached])
+    assert "faster now than when it was calibrated, or data stayed" in explore.over_roof_note([unread, slower_moment])
+    assert explore.over_roof_note([unread]).startswith("This point ran faster than the calibrated roof (up to 1.05×")
+    assert explore.over_roof_note([unread, cached]).startswith("All 2 points ran faster")
+    fig = views.measured_vs_predicted_figure("batch", {"batch": [1, 8], "predicted_time_s": [0.001, 0.001]}, "batch", "t")
+    views.set_measured(fig, explore.measured_series([under, slower_moment], "batch"))
+    assert fig.layout.title.subtitle.text == note
+    views.set_measured(fig, explore.measured_series([under], "batch"))  # the note goes once no point beats its roof
+    assert not fig.layout.title.subtitle.text

@@ -27,7 +27,8 @@ def measured_series(records: list[dict], x_key: str) -> dict:
     """Measured points sorted by `x_key`, with predicted time and residual (measured / predicted - 1),
     and each point's fraction of its roof (`roof_phrase`, in its hover label, with `moment_note`
     on a line of its own where the point was judged by its moment too). Noisy points (spread
-    above measure.NOISY_SPREAD) are kept apart so charts can flag them."""
+    above measure.NOISY_SPREAD) are kept apart so charts can flag them. "note": `over_roof_note`,
+    for the chart as a whole."""
     rows = sorted(records, key=lambda rec: rec[x_key])
     series = {"x": [], "time_s": [], "predicted_time_s": [], "residual": [], "noisy": [],
               "spread": [], "roof_fraction": [], "label": []}
@@ -46,6 +47,7 @@ def measured_series(records: list[dict], x_key: str) -> dict:
         series["label"].append(f"{machine_of(rec)}, {roof}, {timed}"
                                + (" (noisy)" if rec.get("noisy") else "") + (f"<br>{moment}" if moment else "")
                                + (f"<br>{busy_phrase(rec['others_busy_share'])}" if rec.get("disturbed") else ""))
+    series["note"] = over_roof_note(rows)
     return series
 
 
@@ -94,6 +96,34 @@ def above_roof_note(fraction: float) -> str | None:
     return (f"{fraction:.0%} of the calibrated roof: the machine is faster now than when it was "
             "calibrated, or data stayed in cache between calls; `python -m labkit calibrate --refresh` "
             "measures the roof again, `measure --bracket` judges one run by the bandwidth of its moment")
+
+
+def over_roof_note(records: list[dict]) -> str | None:
+    """One line for a chart whose measured points beat their calibrated roof: how many, by how
+    much, and which of `above_roof_note`'s two reasons the bandwidth read just after them
+    (`sweeps.with_moment`) points to; None where none did.
+
+    Why a chart needs it: a point's hover label says this, and a slider's status line says it of
+    the latest point, but a chart of several points (a fixed sweep, or a slider's points so far)
+    shows only negative residual bars, which a learner reads as the roofline being wrong. On the
+    2-core EPYC VM lesson 04's context sweep ran 11-22 % under its roof in one run, against a
+    calibration from a slower moment of the memory."""
+    over = [rec for rec in records if (rec.get("roof_fraction") or 0.0) > 1.0]
+    if not over:
+        return None
+    most = max(rec["roof_fraction"] for rec in over)
+    who = ("this point" if len(records) == 1 else f"all {len(over)} points" if len(over) == len(records)
+           else f"{len(over)} of {len(records)} points")
+    said = f"{who} ran faster than the calibrated roof (up to {most:.2f}×; hover {'it' if len(over) == 1 else 'one'} for its reading)"
+    read = [rec["moment_roof_fraction"] for rec in over if rec.get("moment_roof_fraction") is not None]
+    if read and len(read) == len(over) and max(read) <= 1.0:
+        why = ("the memory read as fast just after them: the calibration is from a slower moment "
+               "(`python -m labkit calibrate --refresh`)")
+    elif read and max(read) > 1.0:
+        why = "faster than the memory read just after them too: data stayed in a cache between calls"
+    else:
+        why = "the machine is faster now than when it was calibrated, or data stayed in a cache between calls"
+    return f"{said[0].upper()}{said[1:]}:<br>{why}"
 
 
 HOST_BOUND_NOTE = "host-bound: the GPU waited for Python to launch its work; this time measures the host, not the GPU"

@@ -58,7 +58,8 @@ def add_tier_marks(fig, marks: list[dict], rows=(None,)):
 
 
 def set_measured(fig: LiveFigure, series: dict):
-    """Put `explore.measured_series` output into the measured, noisy and residual traces."""
+    """Put `explore.measured_series` output into the measured, noisy and residual traces, and its
+    note on points over their roof (`explore.over_roof_note`) under the title."""
     clean = [i for i, noisy in enumerate(series["noisy"]) if not noisy]
     noisy = [i for i, flag in enumerate(series["noisy"]) if flag]
     with fig.batch_update():
@@ -73,6 +74,8 @@ def set_measured(fig: LiveFigure, series: dict):
         # A noisy point's residual is as untrustworthy as its time: its bar takes the noisy colour.
         fig.data[3].marker.color = [NOISY["color"] if flag else MEASURED["color"] for flag in series["noisy"]]
         fig.update_yaxes(range=residual_range(series["residual"]), row=2, col=1)
+        # points over their roof: what that means, under the title (a fixed chart has no status line)
+        fig.update_layout(title_subtitle_text=series.get("note") or "")
 
 
 def residual_range(residuals: list[float]) -> list[float] | None:
