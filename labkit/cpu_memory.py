@@ -62,7 +62,7 @@ def reused_memory():
 
     Why: blocks past 32 MiB are always mapped afresh, whatever `keep_freed_memory` says, so every
     call that makes one faults in and zeroes its pages, one 4 KiB page at a time. Plain attention's
-    P x P fp32 matrices are such blocks. Measured on the 2-core EPYC VM (torch 2.13, fastest of 7,
+    P x P fp32 matrices are such blocks. Measured on the 2-core EPYC VM (Zen 5; torch 2.13, fastest of 7,
     P = 4,096, 2 heads on 1 kv head, head dim 64: 134 MB a matrix): Q K^T 50 ms into a new tensor, 24 ms
     into an existing one; the whole plain call 148 ms, 62 ms inside this. A GPU's caching allocator
     reuses such blocks without asking; timed inside this, plain attention on a CPU pays for its

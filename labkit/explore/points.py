@@ -106,8 +106,8 @@ def over_roof_note(records: list[dict]) -> str | None:
     Why a chart needs it: a point's hover label says this, and a slider's status line says it of
     the latest point, but a chart of several points (a fixed sweep, or a slider's points so far)
     shows only negative residual bars, which a learner reads as the roofline being wrong. On the
-    2-core EPYC VM lesson 04's context sweep ran 11-22 % under its roof in one run, against a
-    calibration from a slower moment of the memory."""
+    2-core EPYC VM (Zen 5) every point of lesson 04's context sweep took 11-22 % less time than
+    its roof's in one `make report` run, against a calibration from a slower moment."""
     over = [rec for rec in records if (rec.get("roof_fraction") or 0.0) > 1.0]
     if not over:
         return None
