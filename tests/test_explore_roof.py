@@ -186,8 +186,13 @@ def test_a_chart_whose_points_beat_their_roof_says_so_and_why_under_its_title():
     assert explore.measured_series([under], "batch")["note"] is None
     note = explore.over_roof_note([under, slower_moment])
     assert note.startswith("1 of 2 points ran faster than the calibrated roof (up to 1.22×; hover it for its reading)")
-    assert "the calibration is from a slower moment" in note
-    assert "data stayed in a cache" in explore.over_roof_note([slower_moment, cached])
+    assert note.endswith("<br>the memory read as fast just after it, so the calibration is from a slower moment "
+                         "(`python -m labkit calibrate --refresh`)")
+    assert explore.over_roof_note([cached]).endswith(
+        "<br>it beat the memory read just after too: data stayed in a cache between calls")
+    mixed = explore.over_roof_note([slower_moment, cached, dict(slower_moment, batch=16)]).split("<br>")
+    assert mixed[0].startswith("All 3 points") and mixed[1].startswith("the memory read as fast just after 2 of them")
+    assert mixed[2].startswith("1 of them beat the memory read just after too")
     assert "faster now than when it was calibrated, or data stayed" in explore.over_roof_note([unread, slower_moment])
     assert explore.over_roof_note([unread]).startswith("This point ran faster than the calibrated roof (up to 1.05×")
     assert explore.over_roof_note([unread, cached]).startswith("All 2 points ran faster")
