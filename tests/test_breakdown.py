@@ -169,9 +169,11 @@ def test_a_decode_step_splits_into_parts_that_add_up(fake_roof, cache_dtype):
 
 def test_overhead_is_what_the_parts_leave_out(fake_roof, monkeypatch):
     """Work outside every part (here 20 ms of busy work in the step's bookkeeping) shows up as
-    overhead and nowhere else. Busy, not asleep: after a 20 ms sleep the next kernel waited for
-    the pool's idle cores to wake (the parts measured 3.9-4.0 ms where they take 0.2, and the
-    overhead 17.9 ms, on the 2-core EPYC VM)."""
+    overhead and in no part. Busy, not asleep: after a 20 ms sleep the next kernel waited for the
+    pool's idle cores to wake (the parts measured 3.9-4.0 ms where they take 0.2, and the overhead
+    17.9 ms, on the 2-core EPYC VM). Busy work can let them fall asleep too, beside another test
+    process (make test's parallel run on a Zen 5 EPYC VM: overhead 16.3 ms), so the pause is
+    looked for in the whole step, and the parts must stay under half of it."""
     pause_s = 0.02
     check = model_module._check_decode
 
@@ -184,8 +186,9 @@ def test_overhead_is_what_the_parts_leave_out(fake_roof, monkeypatch):
     b = breakdown.decode_breakdown("lab-tiny", batch=1, context_tokens=16, cache_dtype="fp32", device="cpu",
                                    budget_s=QUICK_S)
     rows = {row["category"]: row for row in b["categories"]}
-    assert rows["overhead"]["time_s"] >= pause_s * 0.95
-    assert b["parts_time_s"] < pause_s / 2 < rows["overhead"]["share"] * b["time_s"]
+    assert rows["overhead"]["time_s"] + b["parts_time_s"] == pytest.approx(b["time_s"])
+    assert b["time_s"] >= pause_s * 0.95
+    assert b["parts_time_s"] < pause_s / 2 < rows["overhead"]["time_s"]
 
 
 # ------------------------------------------------------------------ on CUDA: the profiler's kernel times
