@@ -33,21 +33,28 @@ HEAP_BLOCK_LIMIT_BYTES = 32 * 2**20
 KEEP_FREED_BYTES = 2**30
 
 
+def _glibc():
+    """(libc, its version) where this process's C library is glibc, `mallopt` typed; else (None,
+    the library found, or that none was)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        return libc, libc.gnu_get_libc_version().decode()
+    except (OSError, AttributeError, TypeError):
+        return None, name or "no C library found"
+
+
 @functools.cache
 def keep_freed_memory() -> str:
     """Have glibc's malloc serve blocks up to HEAP_BLOCK_LIMIT_BYTES from its heap and keep up to
     KEEP_FREED_BYTES of freed heap (once a process; the process's whole malloc, torch's
     tensors included). Returns what was done, or why nothing was."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        version = libc.gnu_get_libc_version().decode()
-    except (OSError, AttributeError, TypeError):
-        return f"left as it is: no glibc malloc to tune here ({name or 'no C library found'})"
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    if not (mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK_LIMIT_BYTES) and mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)):
+    libc, version = _glibc()
+    if libc is None:
+        return f"left as it is: no glibc malloc to tune here ({version})"
+    if not (libc.mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK_LIMIT_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)):
         return f"left as it is: glibc {version} refused the thresholds"
     return (f"glibc {version}: blocks up to {HEAP_BLOCK_LIMIT_BYTES // 2**20} MiB from the heap, "
             f"up to {KEEP_FREED_BYTES // 2**30} GiB of freed memory kept")
@@ -67,20 +74,16 @@ def reused_memory():
     into an existing one; the whole plain call 148 ms, 62 ms inside this. A GPU's caching allocator
     reuses such blocks without asking; timed inside this, plain attention on a CPU pays for its
     traffic and arithmetic, as the roofline counts, and not for the OS's page faults."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
-    except (OSError, AttributeError, TypeError):
+    libc, _ = _glibc()
+    if libc is None:
         yield
         return
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     kept = keep_freed_memory.cache_info().currsize and keep_freed_memory().startswith("glibc")
-    mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
-    mallopt(M_MMAP_MAX, 0)
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    libc.mallopt(M_MMAP_MAX, 0)
     try:
         yield
     finally:
-        mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
-        mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES if kept else DEFAULT_TRIM_THRESHOLD_BYTES)
-        malloc_trim(0)
+        libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
+        libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES if kept else DEFAULT_TRIM_THRESHOLD_BYTES)
+        libc.malloc_trim(0)

@@ -615,22 +615,20 @@ def naive_attention_bytes(batch: int, heads: int, query_tokens: int, key_tokens:
     S = Q K^T (write S), softmax (read S, write the probabilities), O = probabilities @ V (read
     them). Counts Q, K, V read once, O written once, and the P x S matrix four times per query
     head in `score_dtype`. Ignores the mask, the softmax's row statistics and any re-reading
-    inside each matmul (a good GEMM reads its inputs about once)."""
-    kv_heads = heads if kv_heads is None else kv_heads
-    element = BYTES_PER_ELEMENT[_check_dtype(dtype)]
-    qo = 2 * batch * heads * query_tokens * head_dim * element
-    kv = 2 * batch * kv_heads * key_tokens * head_dim * element
-    scores = 4 * batch * heads * query_tokens * key_tokens * BYTES_PER_ELEMENT[_check_dtype(score_dtype)]
-    return qo + kv + scores
+    inside each matmul (a good GEMM reads its inputs about once). The sum of
+    `naive_attention_work`'s three kernels."""
+    work = naive_attention_work(batch, heads, query_tokens, key_tokens, head_dim, dtype, kv_heads, score_dtype)
+    return sum(part["bytes"] for part in work.values())
 
 
 def naive_attention_work(batch: int, heads: int, query_tokens: int, key_tokens: int, head_dim: int,
                          dtype: str = "bf16", kv_heads: int | None = None,
                          score_dtype: str = "fp32") -> dict[str, dict[str, int]]:
-    """`naive_attention_bytes` and `attention_flops` split over its three kernels, each {"flops",
-    "bytes"}, for `in_turn_time_s`: "scores" (Q K^T: half the FLOPs; Q and K read, the P x S
-    scores written), "softmax" (no FLOPs counted: the scores read, the probabilities written),
-    "mix" (probabilities @ V: the other half; the probabilities and V read, O written).
+    """Plain attention's three kernels, each {"flops", "bytes"} (`naive_attention_bytes` is their
+    bytes, `attention_flops` their FLOPs), for `in_turn_time_s`: "scores" (Q K^T: half the FLOPs;
+    Q and K read, the P x S scores written), "softmax" (no FLOPs counted: the scores read, the
+    probabilities written), "mix" (probabilities @ V: the other half; the probabilities and V
+    read, O written).
 
     Why split: the whole call's roof overlaps the products' arithmetic with the softmax's
     traffic, which run one after another. Where the products are compute-bound (a CPU, whose

@@ -25,10 +25,15 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def prefill_faults(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", PREFILLS_PY, mode], capture_output=True, text=True, timeout=300)
+def run_python(code: str, mode: str) -> list[int]:
+    """`code` in a fresh process with argv[1] = `mode`: the numbers of its last line of output."""
+    out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    return int(out.stdout.strip().splitlines()[-1])
+    return [int(n) for n in out.stdout.strip().splitlines()[-1].split()]
+
+
+def prefill_faults(mode: str) -> int:
+    return run_python(PREFILLS_PY, mode)[0]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
@@ -81,19 +86,13 @@ print(last, faults() - before, rss())
 """
 
 
-def big_block_faults(mode: str) -> list[int]:
-    out = subprocess.run([sys.executable, "-c", BIG_BLOCKS_PY, mode], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return [int(n) for n in out.stdout.split()]
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_inside_reused_memory_a_block_past_32_mib_reuses_its_pages_and_after_it_they_are_handed_back():
     """16,384 pages a 64 MiB block. Made fresh, every block faults them all in; inside, once the
     heap has room for it (a few blocks, as small tensors settle between them), none. After, big
     blocks are mapped afresh again and the freed heap is not kept: the resident set drops back."""
-    plain, plain_after, plain_rss = big_block_faults("plain")
-    reused, reused_after, reused_rss = big_block_faults("reused")
+    plain, plain_after, plain_rss = run_python(BIG_BLOCKS_PY, "plain")
+    reused, reused_after, reused_rss = run_python(BIG_BLOCKS_PY, "reused")
     assert plain > 2 * 15_000 and reused < 2_000, (plain, reused)
     assert reused_after > 15_000 and plain_after > 15_000, (reused_after, plain_after)
     assert reused_rss < plain_rss + 32 * 1024, (reused_rss, plain_rss)

@@ -112,15 +112,15 @@ def over_roof_note(records: list[dict]) -> str | None:
     if not over:
         return None
     most = max(rec["roof_fraction"] for rec in over)
-    who = ("this point" if len(records) == 1 else f"all {len(over)} points" if len(over) == len(records)
+    who = ("This point" if len(records) == 1 else f"All {len(over)} points" if len(over) == len(records)
            else f"{len(over)} of {len(records)} points")
-    said = f"{who} ran faster than the calibrated roof (up to {most:.2f}×; hover {'it' if len(over) == 1 else 'one'} for its reading)"
+    said = f"{who} ran faster than the calibrated roof (up to {most:.2f}×; hover {'it' if len(over) == 1 else 'one'} for its reading):"
     read = [rec["moment_roof_fraction"] for rec in over if rec.get("moment_roof_fraction") is not None]
     if len(read) < len(over):  # some not read again (a GPU's, a compute-bound one's): either reason
-        return (f"{said[0].upper()}{said[1:]}:<br>the machine is faster now than when it was calibrated, "
+        return (f"{said}<br>the machine is faster now than when it was calibrated, "
                 "or data stayed in a cache between calls")
     beat = sum(fraction > 1.0 for fraction in read)
-    lines = [f"{said[0].upper()}{said[1:]}:"]
+    lines = [said]
     if beat < len(over):
         who = "it" if len(over) == 1 else "them" if not beat else f"{len(over) - beat} of them"
         lines.append(f"the memory read as fast just after {who}, so the calibration is from a slower moment "
