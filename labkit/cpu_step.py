@@ -37,8 +37,12 @@ AVAILABLE = cpu_kernels.AVAILABLE
 STORES = {"fp32": 0, **cpu_kernels.ROUNDED_STORES, "int8": 4}
 
 if AVAILABLE:
+    from pathlib import Path
+
     import numba
 
+    from .cpu_kernels._installed_builds import seed_from_install
+    seed_from_install([Path(__file__).parent])  # this folder's builds, before the kernels below are defined
     from .cpu_kernels import (decode_attention, decode_attention_on_cores, panel_linear_on_cores, rms_norm,
                               rotate_in_place, store_as_is, store_int8, store_rounded, swiglu)
 

@@ -10,6 +10,7 @@ Triton kernels live. One idea per module, each kernel with its reference beside 
   elementwise       RMS norm, RoPE and SwiGLU, fused (their numpy references are in `cpu_decode`)
   _jit              what they all build on: numba's imports, intrinsics, LLVM IR helpers, an exp,
                     and the check that drops cached builds made with other sources
+  _installed_builds the builds made at setup, copied for a learner who cannot write to the install
 
 numba is pinned in requirements.txt but not a core dependency (a GPU image need not have it):
 `AVAILABLE` says whether the kernels exist; without numba the CPU step keeps its numpy path.

@@ -9,6 +9,10 @@ build in another file kept running the old code (seen: an edited panel product l
 step's time unchanged) while freshly compiled callers ran the new one. So every cached build here,
 and `cpu_step`'s, is dropped unless the mark beside it says it was made with these sources
 (`keep_builds_current`).
+
+On import, before any kernel is defined, it copies the builds made at setup to where numba will keep
+this package's builds, where that is not beside these files (`_installed_builds`: a learner who
+cannot write to a shared install).
 """
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ except ImportError:  # the core installs without numba (a GPU image): the CPU st
     numba = None
 
 AVAILABLE = numba is not None
+
+if AVAILABLE:  # before any kernel here is defined: numba picks each one's cache folder as it decorates it
+    from ._installed_builds import seed_from_install
+    seed_from_install([Path(__file__).parent])
 
 
 @functools.lru_cache(maxsize=1)
