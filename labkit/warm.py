@@ -16,9 +16,10 @@ entry is left for the first step that needs it).
 It runs lab-cpu's own decode step (so the kernels meet the same array types, layouts and sizes as in
 the lessons: which kernel a product or an attention takes depends on them) for every CPU cache
 dtype at batch sizes that reach each kernel: 1 (one row at a time), 4 and 16 (the panel product,
-attention shared out to the cores), as one call (`cpu_step`) where that applies; the separate calls
-a breakdown times reuse those kernels and take ~0.3 s more on their first step. Contexts are short:
-nothing here is timed.
+attention shared out to the cores), as one call (`cpu_step`) where that applies, and again as the
+separate calls a breakdown times (`clock.CALL_BY_CALL`: some kernels there meet other layouts; ~1 s
+of compiling that a learner's first breakdown did before). Contexts are short: nothing here is timed.
+A learner who cannot write to where this compiled starts from its builds (`cpu_kernels._installed_builds`).
 
     python -m labkit.warm          # prints one line: what it compiled, and how long it took
     python -m labkit.warm --cache-dtypes int8   # only these (what the helper runs)
@@ -33,12 +34,16 @@ import torch
 
 from . import backend, cpu_kernels, sizes
 from .cli_args import Parser, UsageError
+from .clock import CALL_BY_CALL, OFF
 from .cpu_blas import CORES
 from .errors import LabError
 from .model import Llama
 
 CACHE_DTYPES = sizes.CACHE_DTYPES["cpu"]
 BATCHES = (1, 4, 16)
+# the step as the lessons run it (OFF: one call, `cpu_step`, where that applies) and as a breakdown
+# times it (CALL_BY_CALL: the same kernels called one by one, some of them compiled for other layouts)
+CLOCKS = (OFF, CALL_BY_CALL)
 CONTEXT = 64  # tokens: at batch 16 a layer's K and V pass cpu_decode.ATTENTION_SPLIT_MIN_BYTES
 
 
@@ -60,9 +65,12 @@ def warm(cache_dtypes: tuple[str, ...] | None = None, helper: bool = True) -> st
         tokens = torch.Generator().manual_seed(0)
         for cache_dtype in mine:
             for batch in BATCHES:
-                model.setup_cache(batch, CONTEXT + 2, cache_dtype)
-                model.prefill(torch.randint(0, model.spec.vocab_size, (batch, CONTEXT), generator=tokens))
-                model.decode_step(torch.randint(0, model.spec.vocab_size, (batch,), generator=tokens))
+                for clock in CLOCKS:
+                    model.clock = clock
+                    model.setup_cache(batch, CONTEXT + 2, cache_dtype)
+                    model.prefill(torch.randint(0, model.spec.vocab_size, (batch, CONTEXT), generator=tokens))
+                    model.decode_step(torch.randint(0, model.spec.vocab_size, (batch,), generator=tokens))
+        model.clock = OFF
         model.release_cache()
     finally:
         said = helping.communicate()[0] if helping else ""

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import backend, cpu_kernels, warm
+from labkit import backend, clock, cpu_kernels, warm
 
 
 @pytest.mark.skipif(not cpu_kernels.AVAILABLE, reason="numba is not installed")
 def test_warm_runs_the_step_it_names(monkeypatch):
-    """One dtype at one batch (the whole set takes ~40 s from cold): the real model's step runs,
-    and the line names what ran."""
+    """One dtype at one batch (the whole set takes ~40 s from cold): the real model's step runs, as
+    one call and call by call, and the line names what ran."""
     monkeypatch.setattr(warm, "CACHE_DTYPES", ("int8",))
     monkeypatch.setattr(warm, "BATCHES", (4,))
     steps = []
     real = warm.Llama.decode_step
     monkeypatch.setattr(warm.Llama, "decode_step", lambda self, tokens, *a: steps.append(
-        (self.spec.name, self.cache.cache_dtype, tokens.shape[0])) or real(self, tokens, *a))
+        (self.spec.name, self.cache.cache_dtype, tokens.shape[0], self.clock)) or real(self, tokens, *a))
     line = warm.warm()
-    assert steps == [("lab-cpu", "int8", 4)]
+    # the one-call step, then the separate calls a breakdown times
+    assert steps == [("lab-cpu", "int8", 4, clock.OFF), ("lab-cpu", "int8", 4, clock.CALL_BY_CALL)]
     assert line.startswith("warm: the CPU decode step's kernels compiled or loaded for int8 caches at batch 4"), line
 
 
@@ -56,7 +57,7 @@ def test_on_two_cores_a_helper_takes_all_but_the_first_dtype(monkeypatch):
     monkeypatch.setattr(warm.subprocess, "Popen", Helper)
     exit_code = 0
     line = warm.warm(("fp32", "bf16", "int8"))
-    assert started == [["-m", "labkit.warm", "--cache-dtypes", "bf16,int8"]] and ran == ["fp32"]
+    assert started == [["-m", "labkit.warm", "--cache-dtypes", "bf16,int8"]] and ran == ["fp32"] * len(warm.CLOCKS)
     assert line.startswith("warm: the CPU decode step's kernels compiled or loaded for fp32, bf16, int8 caches"), line
     exit_code = 1
     with pytest.raises(warm.LabError, match=r"helper warming bf16, int8 failed \(exit 1\): MemoryError"):
