@@ -2,9 +2,8 @@
 (labkit/cpu_kernels/_installed_builds.py) instead of compiling every kernel again.
 
 The end-to-end test stands in for that learner with NUMBA_CACHE_DIR (numba's first locator, so its
-builds go there even for root, who may write anywhere): after a decode step at each batch the warm-up
-reaches, that folder must hold exactly the setup's builds, untouched — a kernel numba had compiled
-again would have added a build or rewritten its index.
+builds go there even for root, who may write anywhere): the warm-up's steps, run again there, must
+load the setup's builds and compile nothing.
 """
 from __future__ import annotations
 
@@ -64,18 +63,22 @@ def test_asks_numba_where_its_builds_go(tmp_path, monkeypatch):
 @needs_numba
 @pytest.mark.slow
 def test_a_learner_elsewhere_loads_the_setups_builds_without_compiling(tmp_path):
+    """numba's own cache log (NUMBA_DEBUG_CACHE) says what the learner's process loaded and saved:
+    it must load builds from its own folder and save none (a save is a kernel compiled again).
+    Read from the log, not from the files: other tests may compile into the sources' folder meanwhile."""
     run = [sys.executable, "-m", "labkit.warm", "--cache-dtypes", "fp32"]
     env = {**os.environ, "LABKIT_CACHE_DIR": str(tmp_path / "labkit")}
     env.pop("NUMBA_CACHE_DIR", None)
     setup = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert setup.returncode == 0, setup.stdout + setup.stderr  # the setup's builds, beside the sources
-    learner = subprocess.run(run, cwd=ROOT, env={**env, "NUMBA_CACHE_DIR": str(tmp_path / "numba")},
+    own = tmp_path / "numba"
+    learner = subprocess.run(run, cwd=ROOT, env={**env, "NUMBA_CACHE_DIR": str(own), "NUMBA_DEBUG_CACHE": "1"},
                              capture_output=True, text=True, timeout=300)
     assert learner.returncode == 0, learner.stdout + learner.stderr
+    log = learner.stdout.splitlines()
+    loaded = [line for line in log if line.startswith("[cache] data loaded from") and str(own) in line]
+    saved = [line for line in log if line.startswith("[cache]") and " saved to " in line]
+    assert not saved, f"numba compiled again instead of loading the setup's builds: {saved[:5]}"
     for folder in KERNEL_FOLDERS:
-        own = [p for p in (tmp_path / "numba").iterdir() if p.name.startswith(folder.name + "_")]
-        assert len(own) == 1, f"no build folder for {folder.name} under NUMBA_CACHE_DIR"
-        builds, installed = _build_files(own[0]), _build_files(folder / "__pycache__")
-        assert builds, f"nothing copied for {folder.name}"
-        changed = sorted(name for name, stamp in builds.items() if installed.get(name) != stamp)
-        assert not changed, f"numba compiled again instead of loading the setup's builds: {changed}"
+        assert any(f"/{folder.name}_" in line for line in loaded), f"nothing of {folder.name} loaded from {own}"
+        assert _build_files(next(own.glob(f"{folder.name}_*"))), f"nothing copied for {folder.name}"
