@@ -6,6 +6,8 @@ VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.stamp
 WARM      := $(VENV)/.warm
+# JupyterLab reads every file in <env>/share/jupyter/lab/settings/overrides.d as default settings
+LAB_DEFAULTS := share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json
 PORT      ?= 8888
 NB        ?= notebooks/01_two_phases.ipynb
 OUT       ?= build/gpu-check
@@ -35,7 +37,7 @@ TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.t
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-15s %s\n", $$1, $$2}'
 
-venv: $(STAMP) $(WARM) ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
+venv: $(STAMP) $(WARM) $(VENV)/$(LAB_DEFAULTS) ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
 
 # Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0; triton 3.9.0 on Linux only, the
 # one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it).
@@ -59,6 +61,12 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	$(PY) -m pip install -q --progress-bar off -e . --no-deps; \
 	rm -rf prefill_decode_lab.egg-info; \
 	touch $@
+
+# The lab's JupyterLab defaults, in the venv's JupyterLab (a learner's own settings still win): no
+# prompt over the lesson asking to fetch Jupyter's news, and no check for newer JupyterLab releases,
+# which would reach out to the network from a lab that needs none.
+$(VENV)/$(LAB_DEFAULTS): $(LAB_DEFAULTS) $(STAMP)
+	@mkdir -p $(@D) && cp $< $@
 
 # numba compiles the CPU step's kernels on first use; here instead, at setup, and again whenever the
 # code they are made from changes (a `git pull`), so no lesson waits for it.

@@ -46,9 +46,12 @@ def lesson_heading() -> str:
 # ------------------------------------------------------------------ the make targets
 def target_env(home: Path) -> dict:
     """isolated_env plus a fresh HOME, no DISPLAY and no JUPYTER_TOKEN (the target makes one),
-    and JupyterLab settings that never write the lesson back and never reach out for news."""
+    and a JupyterLab setting that never writes the lesson back. Not the news settings the other
+    browser tests write: here the venv's defaults (`make venv`, LAB_DEFAULTS) must keep news away."""
     settings, env = home / "lab-settings", isolated_env(home, home / "labkit-cache")
     for name, values in LAB_SETTINGS.items():
+        if name.startswith("@jupyterlab/apputils-extension/notification"):
+            continue
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
         (settings / name).write_text(json.dumps(values))
     # Opening a notebook checkpoints it: keep that out of notebooks/ (read from JUPYTER_CONFIG_DIR).
@@ -185,4 +188,6 @@ def test_make_lab_prints_a_link_that_opens_lesson_01_in_the_repository(lab_serve
         check_kernel(server)
         check_file_browser(page, server)
         assert page_errors(page) == []
+        news = page.locator("text=/Jupyter news/i")
+        assert news.count() == 0, f"JupyterLab asks about news over the lesson: {news.all_inner_texts()}"
     assert (ROOT / LESSON).read_bytes() == original, f"opening {LESSON} wrote it back"
