@@ -70,7 +70,6 @@ def warm(cache_dtypes: tuple[str, ...] | None = None, helper: bool = True) -> st
                     model.setup_cache(batch, CONTEXT + 2, cache_dtype)
                     model.prefill(torch.randint(0, model.spec.vocab_size, (batch, CONTEXT), generator=tokens))
                     model.decode_step(torch.randint(0, model.spec.vocab_size, (batch,), generator=tokens))
-        model.clock = OFF
         model.release_cache()
     finally:
         said = helping.communicate()[0] if helping else ""
