@@ -6,7 +6,7 @@ VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.stamp
 WARM      := $(VENV)/.warm
-# JupyterLab reads every file in <env>/share/jupyter/lab/settings/overrides.d as default settings
+# JupyterLab reads every file in <env>/share/jupyter/lab/settings/overrides.d as default settings (labkit/launch.py copies it too, for a learner without make)
 LAB_DEFAULTS := share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json
 PORT      ?= 8888
 NB        ?= notebooks/01_two_phases.ipynb

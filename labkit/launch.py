@@ -15,6 +15,10 @@ It prints one line, `JupyterLab: http://127.0.0.1:8888/lab/tree/notebooks/01_two
     would be the root, and the printed /lab/tree/notebooks/... link "Could not find path". The
     path is still passed, so that where a browser can open, it opens the lesson. Kernels start in
     the notebook's folder (notebooks/) either way;
+  * the lab's JupyterLab defaults (LAB_DEFAULTS: no prompt over the lesson asking to fetch
+    Jupyter's news, no check for newer releases) are copied into this Python's environment first,
+    where they are missing: `make venv` copies them too, but a learner without make has no other
+    step that would;
   * --no-browser where no browser can open: Linux or BSD without DISPLAY or WAYLAND_DISPLAY
     (macOS and Windows always have one); --allow-root only where we are root already
     (containers, the lab's CI machines).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,6 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository (the lab is inst
 LESSON = "notebooks/01_two_phases.ipynb"
 DEFAULT_PORT = 8888
 HOST = "127.0.0.1"
+# JupyterLab reads every file in <environment>/share/jupyter/lab/settings/overrides.d as default
+# settings (a learner's own settings still win); the Makefile's LAB_DEFAULTS is the same file.
+LAB_DEFAULTS = "share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json"
+ENVIRONMENT = Path(sys.prefix)  # this Python's environment, whose JupyterLab main() starts
 
 
 def token() -> str:
@@ -58,6 +67,21 @@ def command(port: int, notebook: str, root: Path, browser: bool, as_root: bool) 
     flags += [] if browser else ["--no-browser"]
     flags += ["--allow-root"] if as_root else []
     return [sys.executable, "-m", "jupyterlab", *flags, f"--ServerApp.root_dir={root}", *([notebook] if notebook else [])]
+
+
+def install_lab_defaults(prefix: Path, root: Path = ROOT) -> str | None:
+    """Copy the lab's JupyterLab defaults into the environment at `prefix` (sys.prefix) unless an
+    identical copy is there. None when they are in place, else why they could not be (a read-only
+    environment: JupyterLab then asks about Jupyter's news once, nothing worse)."""
+    source, target = root / LAB_DEFAULTS, prefix / LAB_DEFAULTS
+    try:
+        if target.is_file() and target.read_bytes() == source.read_bytes():
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    except OSError as err:
+        return f"could not put the lab's JupyterLab defaults in {target.parent} ({err.strerror or err})"
+    return None
 
 
 def link(port: int, notebook: str, secret: str) -> str:
@@ -102,6 +126,9 @@ def main(argv=None) -> int:
     if not (ROOT / notebook).is_file():
         print(f"lab: {notebook} not written yet; opening the file browser")
         notebook = ""
+    problem = install_lab_defaults(ENVIRONMENT)
+    if problem:
+        print(f"launch: note: {problem}; JupyterLab may ask once whether to fetch Jupyter's news", file=sys.stderr)
     secret = token()
     argv = command(args.port, notebook, ROOT, can_open_browser(), is_root())
     print(f"JupyterLab: {link(args.port, notebook, secret)}", flush=True)

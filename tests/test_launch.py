@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 import sys
+import json
+import os
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -33,6 +36,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(launch.os, "execve", execve)
     monkeypatch.setattr(launch.subprocess, "call", lambda argv, env: calls.append((argv, env)) or 0)
     monkeypatch.setattr(launch, "port_in_use", lambda port: False)  # the fixed ports below, whatever holds them
+    monkeypatch.setattr(launch, "install_lab_defaults", lambda prefix: calls.append(("defaults", prefix)) and None)
     return calls
 
 
@@ -49,7 +53,8 @@ def test_loopback_a_fixed_port_the_repository_as_root_and_the_lesson(recorded, m
     monkeypatch.setattr(launch, "can_open_browser", lambda: False)
     monkeypatch.setattr(launch, "is_root", lambda: False)
     run(["--port", "8899"])
-    (argv, env), = recorded
+    defaults, (argv, env) = recorded
+    assert defaults == ("defaults", Path(sys.prefix)) and launch.ENVIRONMENT == Path(sys.prefix), "this Python's environment gets the lab's JupyterLab defaults first"
     assert argv[:3] == [sys.executable, "-m", "jupyterlab"]
     assert argv[3:] == ["--ip=127.0.0.1", "--port=8899", "--ServerApp.port_retries=0", "--no-browser",
                         f"--ServerApp.root_dir={ROOT}", "notebooks/01_two_phases.ipynb"]
@@ -78,18 +83,18 @@ def test_as_root_it_allows_root_and_with_a_display_it_opens_the_lesson(recorded,
     monkeypatch.setattr(launch, "can_open_browser", lambda: True)
     monkeypatch.setattr(launch, "is_root", lambda: True)
     run([])
-    (argv, _), = recorded
+    _, (argv, _) = recorded
     assert "--allow-root" in argv and "--no-browser" not in argv and "--port=8888" in argv
 
 
 def test_windows_waits_for_jupyterlab_instead_of_exec(recorded, monkeypatch):
     monkeypatch.setattr(launch.os, "name", "nt")
-    assert launch.main(["--port", "8890"]) == 0 and len(recorded) == 1
+    assert launch.main(["--port", "8890"]) == 0 and len(recorded) == 2
 
 
 def test_a_missing_lesson_opens_the_file_browser(recorded, capsys):
     run(["--notebook", "notebooks/99_missing.ipynb"])
-    (argv, _), = recorded
+    _, (argv, _) = recorded
     out = capsys.readouterr().out
     assert "lab: notebooks/99_missing.ipynb not written yet; opening the file browser" in out
     assert re.search(r"^JupyterLab: http://127\.0\.0\.1:8888/lab/tree/\?token=\S+$", out, re.M)
@@ -120,6 +125,44 @@ def test_a_port_in_use_is_refused_before_any_link_is_printed(recorded, monkeypat
     assert not launch.port_in_use(port)  # once it is let go
 
 
+def test_the_lab_defaults_go_into_an_environment_that_lacks_them_and_stay_where_they_are(tmp_path):
+    target = tmp_path / launch.LAB_DEFAULTS
+    assert launch.install_lab_defaults(tmp_path) is None
+    assert target.read_bytes() == (ROOT / launch.LAB_DEFAULTS).read_bytes()
+    assert "fetchNews" in json.loads(target.read_text())["@jupyterlab/apputils-extension:notification"]
+    os.utime(target, (1, 1))
+    assert launch.install_lab_defaults(tmp_path) is None and target.stat().st_mtime == 1, "an identical copy is left alone"
+    target.write_text("{}")
+    assert launch.install_lab_defaults(tmp_path) is None and target.read_bytes() == (ROOT / launch.LAB_DEFAULTS).read_bytes()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes through a read-only folder")
+def test_a_read_only_environment_gets_a_one_line_note_and_the_lab_still_starts(tmp_path, recorded, monkeypatch, capsys):
+    monkeypatch.undo()
+    recorded.clear()
+    monkeypatch.setattr(launch.os, "execve", lambda path, argv, env: recorded.append(argv) or (_ for _ in ()).throw(Exec))
+    monkeypatch.setattr(launch, "port_in_use", lambda port: False)
+    monkeypatch.setattr(launch, "ENVIRONMENT", tmp_path)
+    tmp_path.chmod(0o555)
+    try:
+        run([])
+    finally:
+        tmp_path.chmod(0o755)
+    err = capsys.readouterr().err
+    assert recorded and err.startswith("launch: note: could not put the lab's JupyterLab defaults in ")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_read_only_environment_is_named_not_raised(tmp_path, monkeypatch):
+    """The same as root (CI): the copy's failure is what install_lab_defaults returns."""
+    def refuse(source, target):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(launch.shutil, "copyfile", refuse)
+    problem = launch.install_lab_defaults(tmp_path)
+    assert problem == (f"could not put the lab's JupyterLab defaults in {tmp_path / launch.LAB_DEFAULTS}".rsplit("/", 1)[0]
+                       + " (Permission denied)")
+
+
 @pytest.mark.slow
 def test_the_printed_link_opens_the_server_and_nothing_else_does(tmp_path):
     port = free_port()
@@ -139,5 +182,9 @@ def test_the_printed_link_opens_the_server_and_nothing_else_does(tmp_path):
         assert http_get(server.url("/api/status", token=False))[0] == 403
         status, _, body = http_get(server.url("/api/contents/notebooks/01_two_phases.ipynb?content=0"))
         assert status == 200 and '"type": "notebook"' in body.replace('":"', '": "'), "root_dir is the repository"
+        status, _, body = http_get(server.url("/lab/api/settings/@jupyterlab/apputils-extension:notification"))
+        defaults = {name: field["default"] for name, field in json.loads(body)["schema"]["properties"].items()}
+        assert status == 200 and defaults["fetchNews"] == "false", \
+            "JupyterLab serves the lab's defaults: no news prompt over the lesson"
     finally:
         server.stop()
