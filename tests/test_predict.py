@@ -63,6 +63,10 @@ def test_the_reveal_line_compares_each_answer_with_the_measurement():
     assert out["rows"][0] == ("your estimate", "8×") and out["rows"][2] == ("measured on a CPU", "9.7×")
     assert "within 18% of the measurement" in out["gap"] and "1.6 times it" in out["gap"]
     assert explore.reveal("q", "ms", 100.0, 90.0, 100.0, "x", "y")["rows"][0] == ("your estimate", "100 ms")
+    # a close answer's percentage is a bound, rounded up, never 'within 0%'
+    assert "is within 1% of the measurement; the formula is within 1% of it" in \
+        explore.reveal("q", "×", 9.71, 9.74, 9.7, "a CPU", "why")["gap"]
+    assert "is within 3% of the measurement" in explore.reveal("q", "×", 9.9, 9.7, 9.7, "a CPU", "why")["gap"]
 
 
 def test_every_lesson_question_has_a_default_and_a_reveal():
@@ -167,4 +171,4 @@ def test_lesson_05s_reveal_calls_its_figure_a_simulation_and_its_formula_the_cha
     out = predict.reveal_static_utilisation(50.0, requests, 4, lambda batch, tokens: 1e-3, "AMD EPYC, fp32 cache")
     assert out["rows"] == [("your estimate", "50%"), ("the chapter's formula: mean output ÷ longest output", "50%"),
                            ("simulated on step times measured on AMD EPYC, fp32 cache", "50%")]
-    assert out["gap"].startswith("Your estimate is within 0% of the simulation; the formula is within 0% of it.")
+    assert out["gap"].startswith("Your estimate is the same as the simulation; the formula is the same as it.")

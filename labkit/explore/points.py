@@ -199,12 +199,15 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
 
 
 def _relative(value: float, reference: float) -> str:
-    """'within 10% of' or '2.1 times' — how `value` compares with `reference`."""
+    """'the same as', 'within 10% of' or '2.1 times' — how `value` compares with `reference`.
+    The percentage is rounded up, so it is a true bound and never reads 'within 0%'."""
     if not value or not reference:
         return "not comparable with"
     ratio = value / reference
+    if abs(ratio - 1) < 5e-4:  # equal to the 3 figures the reveal's rows show
+        return "the same as"
     if abs(ratio - 1) <= 0.25:
-        return f"within {abs(ratio - 1):.0%} of"
+        return f"within {math.ceil(round(abs(ratio - 1) * 100, 6)):.0f}% of"
     return f"{ratio:.2g} times"
 
 
