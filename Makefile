@@ -63,8 +63,9 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	touch $@
 
 # The lab's JupyterLab defaults, in the venv's JupyterLab (a learner's own settings still win): no
-# prompt over the lesson asking to fetch Jupyter's news, and no check for newer JupyterLab releases,
-# which would reach out to the network from a lab that needs none.
+# prompt over the lesson asking to fetch Jupyter's news, no check for newer JupyterLab releases
+# (which would reach out to the network from a lab that needs none), and closing a lesson's tab
+# shuts its kernel down (each open lesson's kernel holds memory; README, "A room that outgrows one machine").
 $(VENV)/$(LAB_DEFAULTS): $(LAB_DEFAULTS) $(STAMP)
 	@mkdir -p $(@D) && cp $< $@
 

@@ -13,7 +13,7 @@ of five alternating processes, goes from 255.6-313.5 ms (median 270.1) to 239.8-
 P = 4,096, and from 42.6-55.8 (49.6) to 40.4-46.2 (40.8) at P = 1,024.
 
 The cost: the process keeps up to `KEEP_FREED_BYTES` of freed memory for its own reuse instead of
-returning it. Only glibc has `mallopt`; elsewhere (macOS, Windows, musl) nothing changes and
+returning it, until `hand_back` (`sweeps.rest`, once the process has measured nothing for a while). Only glibc has `mallopt`; elsewhere (macOS, Windows, musl) nothing changes and
 `keep_freed_memory` says why.
 """
 from __future__ import annotations
@@ -87,3 +87,13 @@ def reused_memory():
         libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
         libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES if kept else DEFAULT_TRIM_THRESHOLD_BYTES)
         libc.malloc_trim(0)
+
+
+def hand_back() -> bool:
+    """Return the heap this process has freed to the OS (`malloc_trim`), whatever the kept amount
+    (`keep_freed_memory`); True where that was done (glibc), False elsewhere."""
+    libc, _ = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True

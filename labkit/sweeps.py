@@ -20,17 +20,21 @@ Decode points do not run a long prefill first: the cache is filled with random v
 cache dtype (`KVCache.fill_random`), which a decode step reads exactly like real ones. Every
 timed step appends a token and the lengths are then reset, so each sample reads the same
 cache. Built models (random weights) are kept in a small LRU, so moving a slider re-times a
-point without rebuilding the model.
+point without rebuilding the model. A CPU process that has built no model for REST_AFTER_S gives
+them back (`rest`), with their caches and the freed memory it kept for speed: a lesson left open
+in one tab does not hold memory another lesson's kernel needs.
 """
 from __future__ import annotations
 
 import dataclasses
+import gc
 import numbers
+import threading
 from collections import OrderedDict
 
 import torch
 
-from . import backend, calibrate, measure, roofline, sizes
+from . import backend, calibrate, cpu_memory, measure, roofline, sizes
 from .errors import FootprintError, LabError
 from .model import Llama
 from .roofline import KERNEL, Counting
@@ -45,6 +49,16 @@ CPU_MAX_SAMPLES = 50
 CUDA_WARMUP, CUDA_REPEATS, CUDA_BUDGET_S = 2, 10, 2.0
 _MODELS: OrderedDict = OrderedDict()
 MAX_MODELS = 2  # each holds its weights and its last KV cache
+# A CPU process at rest this long (no model asked for) lets its models go (`rest`). Why: a learner
+# opens lesson after lesson and each keeps its own kernel; at rest after measuring, a kernel of a
+# lesson on lab-cpu held 0.9-1.3 GB (lessons 02, 05, 06, 07, under a JupyterHub rehearsal on the
+# 2-core EPYC VM), enough for a 4 GiB learner to reach their limit by lesson 7 and have a kernel
+# killed. After `rest`: 366 MB, against 605 MB with lab-cpu built and a decode point measured (and
+# 284 MB with labkit imported). The cost comes at the next point: rebuilding lab-cpu took 0.3 s,
+# and the page faults of a new cache ~0.3 s a 256 MiB (fresh) against 0.05 s (memory kept).
+REST_AFTER_S = 120.0
+_rest_timer: threading.Timer | None = None
+_rest_lock = threading.Lock()
 
 
 # ------------------------------------------------------------------ models and caches
@@ -53,6 +67,8 @@ def get_built_model(model: ModelSpec | str = DEFAULT_MODEL, device: str | None =
     spec = get_model(model) if isinstance(model, str) else model
     chosen = backend.choose_device(device)
     key = (spec, chosen.device, chosen.compute_dtype)
+    if chosen.device == "cpu":
+        _rest_later()
     if key in _MODELS:
         _MODELS.move_to_end(key)
         return _MODELS[key]
@@ -64,6 +80,32 @@ def get_built_model(model: ModelSpec | str = DEFAULT_MODEL, device: str | None =
     _warm_up(built)
     _MODELS[key] = built
     return built
+
+
+def _rest_later():
+    """(Re)start the countdown to `rest`: REST_AFTER_S from now, on a daemon thread (never keeps a
+    process alive). Each model asked for restarts it, so a sweep never rests between its points."""
+    global _rest_timer
+    with _rest_lock:
+        if _rest_timer is not None:
+            _rest_timer.cancel()
+        _rest_timer = threading.Timer(REST_AFTER_S, rest)
+        _rest_timer.daemon = True
+        _rest_timer.start()
+
+
+def rest() -> int:
+    """Let the CPU models of the LRU go (their weights, packed copies and KV caches) and hand the
+    freed heap back to the OS (`cpu_memory.hand_back`). Returns how many models went. Safe while
+    a measurement runs: whoever holds a model keeps it; the next `get_built_model` builds it again.
+    CUDA models stay (a GPU's memory is not what a learner's cgroup limits)."""
+    with _rest_lock:
+        gone = [key for key, built in _MODELS.items() if built.device.type == "cpu"]
+        for key in gone:
+            del _MODELS[key]
+    gc.collect()  # a model's tensors may sit in reference cycles (the Llama and its cache)
+    cpu_memory.hand_back()
+    return len(gone)
 
 
 def _warm_up(built: Llama):

@@ -186,5 +186,8 @@ def test_the_printed_link_opens_the_server_and_nothing_else_does(tmp_path):
         defaults = {name: field["default"] for name, field in json.loads(body)["schema"]["properties"].items()}
         assert status == 200 and defaults["fetchNews"] == "false", \
             "JupyterLab serves the lab's defaults: no news prompt over the lesson"
+        status, _, body = http_get(server.url("/lab/api/settings/@jupyterlab/notebook-extension:tracker"))
+        assert status == 200 and json.loads(body)["schema"]["properties"]["kernelShutdown"]["default"] is True, \
+            "closing a lesson's tab shuts its kernel down"
     finally:
         server.stop()

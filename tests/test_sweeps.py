@@ -2,6 +2,7 @@
 phenomena fall inside the CPU sliders' ranges (by formula, not by timing)."""
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -125,6 +126,62 @@ def test_a_new_model_is_warmed_up_once_and_left_empty(monkeypatch):
     built = sweeps.get_built_model("lab-tiny", "cpu")
     assert sweeps.get_built_model("lab-tiny", "cpu") is built and warmed == [built]
     assert built.cache.host_lengths == [0] and not any(built.cache.active)
+
+
+class FakeTimer:
+    """threading.Timer that never runs by itself: the test fires it."""
+    made = []
+
+    def __init__(self, interval, function):
+        self.interval, self.function, self.cancelled, self.daemon = interval, function, False, False
+        FakeTimer.made.append(self)
+
+    def start(self):
+        pass
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_each_cpu_model_asked_for_restarts_the_countdown_to_rest_on_a_daemon_thread(monkeypatch):
+    FakeTimer.made = []
+    monkeypatch.setattr(sweeps.threading, "Timer", FakeTimer)
+    monkeypatch.setattr(sweeps, "_rest_timer", None)
+    monkeypatch.setattr(sweeps, "_MODELS", type(sweeps._MODELS)())
+    built = sweeps.get_built_model("lab-tiny", "cpu")
+    assert sweeps.get_built_model("lab-tiny", "cpu") is built
+    first, second = FakeTimer.made
+    assert first.cancelled and not second.cancelled and second.daemon
+    assert (second.interval, second.function) == (sweeps.REST_AFTER_S, sweeps.rest)
+
+
+def test_rest_lets_the_cpu_models_go_and_hands_the_freed_memory_back(monkeypatch):
+    handed = []
+    monkeypatch.setattr(sweeps.threading, "Timer", FakeTimer)
+    monkeypatch.setattr(sweeps, "_MODELS", type(sweeps._MODELS)())
+    monkeypatch.setattr(sweeps.cpu_memory, "hand_back", lambda: handed.append(1) or True)
+    held = sweeps.get_built_model("lab-tiny", "cpu")
+    assert sweeps.rest() == 1 and not sweeps._MODELS and handed == [1]
+    assert held.cache is not None, "whoever holds a model keeps it whole"
+    again = sweeps.get_built_model("lab-tiny", "cpu")
+    assert again is not held and again.spec == held.spec, "the next point builds it again"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the resident set from Linux's /proc")
+def test_at_rest_a_process_gives_back_lab_cpu_its_cache_and_the_memory_it_kept():
+    """Real memory: lab-cpu built (~0.2 GB of weights and packed copies) and a 64 MiB cache
+    filled as a decode point at B = 16, S = 1,024 would, then `rest`."""
+    def resident_bytes():
+        return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1]) * 1024
+
+    def build_and_fill():  # no reference to the model outlives this call
+        sweeps.ensure_cache(sweeps.get_built_model("lab-cpu", "cpu"), 16, 1025, "fp32", 1).fill_random(1024)
+    build_and_fill()
+    before = resident_bytes()
+    assert sweeps.rest() >= 1
+    after = resident_bytes()
+    assert before - after > 150e6, f"{before / 1e6:.0f} MB before rest, {after / 1e6:.0f} MB after"
 
 
 # ------------------------------------------------------------------ lab-cpu phenomena, by formula
