@@ -39,7 +39,7 @@ import torch
 from . import cgroups, cpu_info
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
-from .units import machine_name
+from .units import format_bytes, machine_name
 
 DEVICES = ("cpu", "cuda")
 ENV_VAR = "LABKIT_DEVICE"
@@ -231,10 +231,24 @@ def check_fits(required_bytes: float, device, what: str) -> int:
     kind, _ = _kind_and_index(device)
     free = free_memory_bytes(device)
     if required_bytes > free * (1 - HEADROOM):
-        raise FootprintError(
-            f"{what} needs {required_bytes / GIB:.1f} GiB but {kind} has {free / GIB:.1f} GiB free "
-            f"(keeping {HEADROOM:.0%} headroom); lower batch or context")
+        limit = _binding_limit(free) if kind == "cpu" else None
+        remedy = "lower batch or context" if limit is None else (
+            f"{format_bytes(limit[1])} of this server's {format_bytes(limit[0])} memory limit is in use, by this "
+            "kernel and any other still running: shut down the kernels of the lessons you have finished "
+            "(Kernel > Shut Down Kernel, or close their tabs), or lower batch or context")
+        raise FootprintError(f"{what} needs {format_bytes(required_bytes)} but {kind} has {format_bytes(free)} free "
+                             f"(keeping {HEADROOM:.0%} headroom); {remedy}")
     return free
+
+
+def _binding_limit(free: int) -> tuple[int, int] | None:
+    """(limit, in use) of the cgroup memory limit that leaves only `free` bytes (`free_memory_bytes`),
+    or None where the machine's own free memory is the tighter: under a hub's per-learner limit,
+    the memory in use is most often other kernels of the same learner, which the learner can stop."""
+    for limit, used in cgroups.memory_limits():
+        if used is not None and max(limit - used, 0) == free:
+            return limit, used
+    return None
 
 
 def _meminfo_bytes(field: str) -> int:

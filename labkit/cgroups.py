@@ -9,10 +9,11 @@ above it (a service inside a slice), so every level is read and the tightest cou
     memory_limits()       # [(4294967296, 1073741824)]: (limit, in use) bytes a level (`backend`'s free memory)
 
 cgroup v2 (one hierarchy; /proc/self/cgroup says "0::/path"): cpu.max ("max 100000" or
-"250000 100000"), memory.max ("max" or bytes) and memory.current. cgroup v1 (a hierarchy a
-controller): cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us, memory.limit_in_bytes (a number
-near 2^63: none) and memory.usage_in_bytes. In a container with its own cgroup namespace the
-process's path is "/" and its limits are the root's files.
+"250000 100000"), memory.max ("max" or bytes), memory.current and memory.stat. cgroup v1 (a
+hierarchy a controller): cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us,
+memory.limit_in_bytes (a number near 2^63: none), memory.usage_in_bytes and memory.stat. In a
+container with its own cgroup namespace the process's path is "/" and its limits are the root's
+files.
 """
 from __future__ import annotations
 
@@ -64,15 +65,34 @@ def cpu_limits(root: Path = ROOT, self_cgroup: Path = SELF) -> list[tuple[float,
 
 
 def memory_limits(root: Path = ROOT, self_cgroup: Path = SELF) -> list[tuple[int, int | None]]:
-    """(limit, bytes in use or None) of every memory limit on this process's cgroups."""
-    names = {2: ("memory.max", "memory.current"), 1: ("memory.limit_in_bytes", "memory.usage_in_bytes")}
+    """(limit, bytes in use or None) of every memory limit on this process's cgroups. In use: the
+    cgroup's charge less its inactive file pages (memory.stat's inactive_file, v1's
+    total_inactive_file), the page cache the kernel drops before it refuses memory, as `docker
+    stats` and the kubelet count it. Why: a learner's cgroup is charged for every file their
+    lessons read (the libraries, the traces); under a 4 GiB limit that cache reached 0.4 GB, and
+    with it counted the lab refused a 16 MiB cache that the kernel would have made room for."""
+    names = {2: ("memory.max", "memory.current", "inactive_file"),
+             1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
     limits = []
     for folder, version in own_folders("memory", root, self_cgroup):
-        limit_name, used_name = names[version]
+        limit_name, used_name, inactive_name = names[version]
         limit, used = _first_line(folder / limit_name), _first_line(folder / used_name)
         if limit.isdigit() and int(limit) < UNLIMITED_V1_BYTES:  # v2's "max": none
-            limits.append((int(limit), int(used) if used.isdigit() else None))
+            in_use = max(int(used) - _stat(folder, inactive_name), 0) if used.isdigit() else None
+            limits.append((int(limit), in_use))
     return limits
+
+
+def _stat(folder: Path, name: str) -> int:
+    """One counter of the cgroup's memory.stat ("name value" lines), 0 where absent."""
+    try:
+        for line in (folder / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
 
 
 def _first_line(path: Path) -> str:

@@ -26,6 +26,15 @@ def format_rate(value: float, unit: str) -> str:
     return f"{_three_digits(value)} {unit}"
 
 
+def format_bytes(nbytes: float) -> str:
+    """Memory in binary units, as the OS and `free` show it: "12.3 GiB", "16 MiB", "512 KiB"."""
+    if abs(nbytes) >= 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
+    if abs(nbytes) >= 2**20:
+        return f"{nbytes / 2**20:.0f} MiB"
+    return f"{nbytes / 2**10:.0f} KiB"
+
+
 def _three_digits(value: float) -> str:
     """Three significant digits, trailing zeros kept: 13.0, 9.40, 121."""
     decimals = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2

@@ -147,6 +147,25 @@ def test_check_fits_refuses_before_allocating_with_the_numbers(monkeypatch):
     assert "\n" not in message
 
 
+def test_under_a_hubs_memory_limit_the_refusal_says_what_holds_the_memory_and_what_to_stop(monkeypatch):
+    """A learner's other lessons' kernels use the same limit: the refusal names the limit and the
+    memory in use, and says to shut down finished lessons' kernels, in one line; sizes under a
+    GiB read in MiB (not "needs 0.0 GiB but cpu has 0.0 GiB free")."""
+    monkeypatch.setattr(backend, "_meminfo_bytes", lambda field: 64 * GIB)
+    monkeypatch.setattr(backend.cgroups, "memory_limits", lambda: [(4 * GIB, 4 * GIB - (12 << 20))])
+    with pytest.raises(FootprintError) as caught:
+        backend.check_fits(16 << 20, "cpu", "an fp32 KV cache of 1 x 4096 tokens for lab-cpu")
+    assert str(caught.value) == (
+        "an fp32 KV cache of 1 x 4096 tokens for lab-cpu needs 16 MiB but cpu has 12 MiB free (keeping 10% "
+        "headroom); 4.0 GiB of this server's 4.0 GiB memory limit is in use, by this kernel and any other still "
+        "running: shut down the kernels of the lessons you have finished (Kernel > Shut Down Kernel, or close "
+        "their tabs), or lower batch or context")
+    monkeypatch.setattr(backend, "_meminfo_bytes", lambda field: 10 << 20)  # the machine itself is the tighter
+    with pytest.raises(FootprintError) as caught:
+        backend.check_fits(16 << 20, "cpu", "a cache")
+    assert str(caught.value).endswith("needs 16 MiB but cpu has 10 MiB free (keeping 10% headroom); lower batch or context")
+
+
 def test_check_fits_keeps_ten_percent_headroom(monkeypatch):
     monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 10 * GIB)
     assert backend.check_fits(8.9 * GIB, "cpu", "x") == 10 * GIB

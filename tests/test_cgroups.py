@@ -42,6 +42,23 @@ def test_v1_quotas_and_limits_and_their_no_limit_values(tmp_path):
     assert cgroups.memory_limits(root, me) == [(2 << 30, 300 << 20)]
 
 
+def test_memory_in_use_leaves_out_the_page_cache_the_kernel_would_drop(tmp_path):
+    """A learner's cgroup is charged for the files their lessons read; the inactive ones are
+    dropped before the limit refuses anything, so they do not count as in use (v2's
+    inactive_file; v1's total_inactive_file, which like usage_in_bytes counts the cgroups below)."""
+    v2_root, v2_me = tree(tmp_path / "v2", ["0::/jupyter-ada.service"], {
+        "cgroup.controllers": "cpu memory", "jupyter-ada.service/memory.max": str(4 << 30),
+        "jupyter-ada.service/memory.current": str(3 << 30),
+        "jupyter-ada.service/memory.stat": f"anon {2 << 30}\nfile {1 << 30}\nactive_file {600 << 20}\n"
+                                           f"inactive_file {424 << 20}"})
+    assert cgroups.memory_limits(v2_root, v2_me) == [(4 << 30, (3 << 30) - (424 << 20))]
+    v1_root, v1_me = tree(tmp_path / "v1", ["4:memory:/workshop/ada"], {
+        "memory/workshop/ada/memory.limit_in_bytes": str(4 << 30),
+        "memory/workshop/ada/memory.usage_in_bytes": str(3 << 30),
+        "memory/workshop/ada/memory.stat": f"inactive_file {1 << 20}\ntotal_inactive_file {400 << 20}"})
+    assert cgroups.memory_limits(v1_root, v1_me) == [(4 << 30, (3 << 30) - (400 << 20))]
+
+
 def test_no_cgroups_no_limits(tmp_path):
     """macOS and Windows have no /proc/self/cgroup; an unlimited v2 root says "max"."""
     assert cgroups.cpu_limits(tmp_path / "none", tmp_path / "no-self") == []
