@@ -13,7 +13,8 @@ of five alternating processes, goes from 255.6-313.5 ms (median 270.1) to 239.8-
 P = 4,096, and from 42.6-55.8 (49.6) to 40.4-46.2 (40.8) at P = 1,024.
 
 The cost: the process keeps up to `KEEP_FREED_BYTES` of freed memory for its own reuse instead of
-returning it, until `hand_back` (`sweeps.rest`, once the process has measured nothing for a while). Only glibc has `mallopt`; elsewhere (macOS, Windows, musl) nothing changes and
+returning it, until `hand_back` (`sweeps.rest`, once the process has measured nothing for a
+while). Only glibc has `mallopt`; elsewhere (macOS, Windows, musl) nothing changes and
 `keep_freed_memory` says why.
 """
 from __future__ import annotations

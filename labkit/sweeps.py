@@ -50,15 +50,17 @@ CUDA_WARMUP, CUDA_REPEATS, CUDA_BUDGET_S = 2, 10, 2.0
 _MODELS: OrderedDict = OrderedDict()
 MAX_MODELS = 2  # each holds its weights and its last KV cache
 # A CPU process at rest this long (no model asked for) lets its models go (`rest`). Why: a learner
-# opens lesson after lesson and each keeps its own kernel; at rest after measuring, a kernel of a
-# lesson on lab-cpu held 0.9-1.3 GB (lessons 02, 05, 06, 07, under a JupyterHub rehearsal on the
-# 2-core EPYC VM), enough for a 4 GiB learner to reach their limit by lesson 7 and have a kernel
-# killed. After `rest`: 366 MB, against 605 MB with lab-cpu built and a decode point measured (and
-# 284 MB with labkit imported). The cost comes at the next point: rebuilding lab-cpu took 0.3 s,
-# and the page faults of a new cache ~0.3 s a 256 MiB (fresh) against 0.05 s (memory kept).
+# opens lesson after lesson and each keeps its own kernel. Under a JupyterHub rehearsal on the
+# 2-core EPYC VM (two learners, 4 GiB each), a kernel of a lesson on lab-cpu held 0.9-1.3 GB at
+# rest after measuring (lessons 02, 05, 06, 07); with lessons 01-05 open one learner's cgroup
+# reached 4,092 MiB of its 4,096, and lesson 06 stalled. A process after `rest`: 366 MB, against
+# 605 MB with lab-cpu built and a decode point measured (284 MB with labkit imported). The cost
+# comes at the next point: rebuilding lab-cpu took 0.3 s, and the page faults of a new cache
+# ~0.3 s a 256 MiB (fresh) against 0.05 s (memory kept).
 REST_AFTER_S = 120.0
 _rest_timer: threading.Timer | None = None
-_rest_lock = threading.Lock()
+_timer_lock = threading.Lock()  # the countdown
+_models_lock = threading.Lock()  # _MODELS, which `rest` empties from the countdown's thread
 
 
 # ------------------------------------------------------------------ models and caches
@@ -69,24 +71,25 @@ def get_built_model(model: ModelSpec | str = DEFAULT_MODEL, device: str | None =
     key = (spec, chosen.device, chosen.compute_dtype)
     if chosen.device == "cpu":
         _rest_later()
-    if key in _MODELS:
-        _MODELS.move_to_end(key)
-        return _MODELS[key]
-    while len(_MODELS) >= MAX_MODELS:  # free the oldest before allocating the new one
-        _MODELS.popitem(last=False)
-        if chosen.device == "cuda":
-            torch.cuda.empty_cache()  # so the footprint check sees the freed memory as free
-    built = Llama(spec, batch=1, max_tokens=16, device=chosen.device, compute_dtype=chosen.compute_dtype)
-    _warm_up(built)
-    _MODELS[key] = built
-    return built
+    with _models_lock:
+        if key in _MODELS:
+            _MODELS.move_to_end(key)
+            return _MODELS[key]
+        while len(_MODELS) >= MAX_MODELS:  # free the oldest before allocating the new one
+            _MODELS.popitem(last=False)
+            if chosen.device == "cuda":
+                torch.cuda.empty_cache()  # so the footprint check sees the freed memory as free
+        built = Llama(spec, batch=1, max_tokens=16, device=chosen.device, compute_dtype=chosen.compute_dtype)
+        _warm_up(built)
+        _MODELS[key] = built
+        return built
 
 
 def _rest_later():
     """(Re)start the countdown to `rest`: REST_AFTER_S from now, on a daemon thread (never keeps a
     process alive). Each model asked for restarts it, so a sweep never rests between its points."""
     global _rest_timer
-    with _rest_lock:
+    with _timer_lock:
         if _rest_timer is not None:
             _rest_timer.cancel()
         _rest_timer = threading.Timer(REST_AFTER_S, rest)
@@ -99,7 +102,7 @@ def rest() -> int:
     freed heap back to the OS (`cpu_memory.hand_back`). Returns how many models went. Safe while
     a measurement runs: whoever holds a model keeps it; the next `get_built_model` builds it again.
     CUDA models stay (a GPU's memory is not what a learner's cgroup limits)."""
-    with _rest_lock:
+    with _models_lock:
         gone = [key for key, built in _MODELS.items() if built.device.type == "cpu"]
         for key in gone:
             del _MODELS[key]
