@@ -71,8 +71,10 @@ def command(port: int, notebook: str, root: Path, browser: bool, as_root: bool) 
 
 def install_lab_defaults(prefix: Path, root: Path = ROOT) -> str | None:
     """Copy the lab's JupyterLab defaults into the environment at `prefix` (sys.prefix) unless an
-    identical copy is there. None when they are in place, else why they could not be (a read-only
-    environment: JupyterLab then asks about Jupyter's news once, nothing worse)."""
+    identical copy is there (an older one is replaced, as `make venv` does: the file is the lab's
+    own, and a learner's own settings, made in JupyterLab's Settings editor, always win over it).
+    None when they are in place, else why they could not be (a read-only environment: JupyterLab
+    then asks about Jupyter's news once, nothing worse)."""
     source, target = root / LAB_DEFAULTS, prefix / LAB_DEFAULTS
     try:
         if target.is_file() and target.read_bytes() == source.read_bytes():
