@@ -16,9 +16,9 @@ It prints one line, `JupyterLab: http://127.0.0.1:8888/lab/tree/notebooks/01_two
     path is still passed, so that where a browser can open, it opens the lesson. Kernels start in
     the notebook's folder (notebooks/) either way;
   * the lab's JupyterLab defaults (LAB_DEFAULTS: no prompt over the lesson asking to fetch
-    Jupyter's news, no check for newer releases) are copied into this Python's environment first,
-    where they are missing: `make venv` copies them too, but a learner without make has no other
-    step that would;
+    Jupyter's news, no check for newer releases, a closed lesson's tab shuts its kernel down) are
+    copied into this Python's environment first, where they are missing or older: `make venv`
+    copies them too, but a learner without make has no other step that would;
   * --no-browser where no browser can open: Linux or BSD without DISPLAY or WAYLAND_DISPLAY
     (macOS and Windows always have one); --allow-root only where we are root already
     (containers, the lab's CI machines).
