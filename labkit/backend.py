@@ -232,10 +232,14 @@ def check_fits(required_bytes: float, device, what: str) -> int:
     free = free_memory_bytes(device)
     if required_bytes > free * (1 - HEADROOM):
         limit = _binding_limit(free) if kind == "cpu" else None
-        remedy = "lower batch or context" if limit is None else (
-            f"{format_bytes(limit[1])} of this server's {format_bytes(limit[0])} memory limit is in use, by this "
-            "kernel and any other still running: shut down the kernels of the lessons you have finished "
-            "(Kernel > Shut Down Kernel, or close their tabs), or lower batch or context")
+        if limit is None:
+            remedy = "lower batch or context"
+        elif required_bytes > limit[0] * (1 - HEADROOM):  # more than the whole limit: nothing to stop helps
+            remedy = f"that is more than this server's {format_bytes(limit[0])} memory limit allows; lower batch or context"
+        else:
+            remedy = (f"{format_bytes(limit[1])} of this server's {format_bytes(limit[0])} memory limit is in use, by "
+                      "this kernel and any other still running: shut down the kernels of the lessons you have "
+                      "finished (Kernel > Shut Down Kernel, or close their tabs), or lower batch or context")
         raise FootprintError(f"{what} needs {format_bytes(required_bytes)} but {kind} has {format_bytes(free)} free "
                              f"(keeping {HEADROOM:.0%} headroom); {remedy}")
     return free
