@@ -24,7 +24,7 @@ from . import roofline, sizes
 from .cli_args import Parser, UsageError
 from .errors import LabError, SpecError
 from .specs import DTYPES, GPUS, MODELS, get_gpu, get_model
-from .units import format_rate, format_seconds
+from .units import format_bytes, format_rate, format_seconds
 
 MAX_BATCH = 4096
 COUNTINGS = {"chapter": roofline.CHAPTER, "kernel": roofline.KERNEL}
@@ -299,10 +299,7 @@ def _display(key: str, value) -> str:
 
 
 def _binary(value: float) -> str:
-    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(value) >= scale:
-            return f"{value / scale:,.2f} {unit}"
-    return f"{value:,.0f} B"
+    return format_bytes(value, decimals=2)
 
 
 def _label(key: str) -> str:

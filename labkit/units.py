@@ -26,13 +26,15 @@ def format_rate(value: float, unit: str) -> str:
     return f"{_three_digits(value)} {unit}"
 
 
-def format_bytes(nbytes: float) -> str:
-    """Memory in binary units, as the OS and `free` show it: "12.3 GiB", "16 MiB", "512 KiB"."""
-    if abs(nbytes) >= 2**30:
-        return f"{nbytes / 2**30:.1f} GiB"
-    if abs(nbytes) >= 2**20:
-        return f"{nbytes / 2**20:.0f} MiB"
-    return f"{nbytes / 2**10:.0f} KiB"
+def format_bytes(nbytes: float, decimals: int | None = None) -> str:
+    """Memory in binary units, as the OS and `free` show it: "12.3 GiB", "16 MiB", "512 KiB" (one
+    decimal from a GiB up, none below); `decimals` fixes them for every unit ("14.96 GiB", the CLI's
+    tables)."""
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(nbytes) >= scale:
+            places = decimals if decimals is not None else 1 if scale >= 2**30 else 0
+            return f"{nbytes / scale:,.{places}f} {unit}"
+    return f"{nbytes:,.0f} B"
 
 
 def _three_digits(value: float) -> str:
