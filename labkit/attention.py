@@ -39,6 +39,7 @@ from . import backend, cpu_memory, measure, roofline
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
 from .specs import BYTES_PER_ELEMENT
+from .units import format_bytes
 
 _STATUS = Path("/proc/self/status")
 
@@ -177,8 +178,8 @@ def check_footprint(method: str, tokens: int, heads: int, head_dim: int, dtype: 
     predicted = footprint_bytes(method, tokens, heads, head_dim, dtype)
     what = f"{method} attention at P={tokens:,} ({heads} heads)"
     if budget_bytes is not None and predicted > budget_bytes:
-        raise FootprintError(f"{what} needs {predicted / 2**30:.1f} GiB, over the "
-                             f"{budget_bytes / 2**30:.1f} GiB budget; refused before allocating")
+        raise FootprintError(f"{what} needs {format_bytes(predicted)}, over the "
+                             f"{format_bytes(budget_bytes)} budget; refused before allocating")
     backend.check_fits(predicted, device, what)
     return predicted
 
