@@ -138,6 +138,7 @@ def test_the_decode_readout_and_throughput_charts_show_the_plan():
                             "batch": 4, "bytes": 1e9, "cache_share": 0.5, "regime": "mixed", "context_tokens": 10,
                             "cache_dtype": "fp32", "device": "cpu"})
     assert list(fig.data[0].x) == ["measured", "roofline", "chapter's plan"] and len(fig.data[1].y) == 3
+    assert list(fig.data[2].text) == ["50% (500 MB of 1.00 GB): mixed"], "bytes with an SI prefix, not '0.5 of 1 GB'"
     model, gpu = get_model("llama-3.1-8b"), get_gpu("H100-SXM")
     through = views.throughput_figure(explore.throughput_prediction(model, gpu, [1, 8], 0, "bf16", "bf16"),
                                       explore.throughput_series([]), "t")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import explore
+from ..units import format_rate
 from ._plotly import go, make_subplots
 from .base import ATTENTION, IN_TURN, LINEAR, MEASURED, PLAN, PREDICTED, LessonWidget, LiveFigure
 from .measured import add_tier_marks, roof_name
@@ -92,14 +93,14 @@ def decode_readout_figure(bands: list[dict]) -> LiveFigure:
 
 def set_decode_readout(fig: LiveFigure, readout: dict):
     """Put an `explore.decode_readout` into a `decode_readout_figure`."""
-    gb = 1e9
     colours = [MEASURED["color"], PREDICTED["color"], PLAN_BAR["color"]][:len(readout["time_ms"])]
     with fig.batch_update():
         for trace, key in ((fig.data[0], "time_ms"), (fig.data[1], "tokens_per_s")):
             trace.x, trace.y, trace.marker.color = readout.get("bars", ["measured", "predicted"]), readout[key], colours
         fig.data[2].x = [readout["cache_share"]]
-        fig.data[2].text = [f"{readout['cache_share']:.0%} ({readout['cache_bytes'] / gb:.3g} of "
-                            f"{(readout['weights_bytes'] + readout['cache_bytes']) / gb:.3g} GB): {readout['regime']}"]
+        read = readout["weights_bytes"] + readout["cache_bytes"]
+        fig.data[2].text = [f"{readout['cache_share']:.0%} ({format_rate(readout['cache_bytes'], 'B')} of "
+                            f"{format_rate(read, 'B')}): {readout['regime']}"]
         fig.data[2].textposition = "inside" if readout["cache_share"] >= 0.5 else "outside"
         fig.layout.title = readout["label"]
 
