@@ -27,7 +27,6 @@ triton, and the CPU path never needs it.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import platform
 from pathlib import Path
@@ -108,12 +107,11 @@ def _fresh_pages_for_big_allocations():
     the process keeps resident (`cpu_memory.keep_freed_memory`, once a model was built in it) would
     serve the call's matrices without growing the resident set at all (a peak of 0 bytes measured
     after a lab-tiny prefill in the same process): malloc_trim hands it back first."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: measure as is
-        pass
+    libc, _ = cpu_memory.glibc()
+    if libc is None:  # not glibc: measure as is
+        return
+    libc.mallopt(cpu_memory.M_MMAP_THRESHOLD, cpu_memory.DEFAULT_MMAP_THRESHOLD_BYTES)
+    cpu_memory.hand_back()
 
 
 def peak_memory_unmeasurable(device: str) -> str | None:

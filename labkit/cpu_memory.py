@@ -26,15 +26,16 @@ import functools
 
 # glibc's malloc.h: the parameters' numbers for mallopt().
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
-# glibc's malloc.c: DEFAULT_MMAP_MAX (how many blocks may be mapped at once) and the trim threshold
-# a process starts with.
-DEFAULT_MMAP_MAX, DEFAULT_TRIM_THRESHOLD_BYTES = 65536, 128 * 1024
+# glibc's malloc.c: DEFAULT_MMAP_MAX (how many blocks may be mapped at once), and the trim and mmap
+# thresholds a process starts with.
+DEFAULT_MMAP_MAX = 65536
+DEFAULT_TRIM_THRESHOLD_BYTES = DEFAULT_MMAP_THRESHOLD_BYTES = 128 * 1024
 # The largest mmap threshold glibc accepts on a 64-bit machine (half its 64 MiB heap size).
 HEAP_BLOCK_LIMIT_BYTES = 32 * 2**20
 KEEP_FREED_BYTES = 2**30
 
 
-def _glibc():
+def glibc():
     """(libc, its version) where this process's C library is glibc, `mallopt` typed; else (None,
     the library found, or that none was)."""
     name = ctypes.util.find_library("c")
@@ -52,7 +53,7 @@ def keep_freed_memory() -> str:
     """Have glibc's malloc serve blocks up to HEAP_BLOCK_LIMIT_BYTES from its heap and keep up to
     KEEP_FREED_BYTES of freed heap (once a process; the process's whole malloc, torch's
     tensors included). Returns what was done, or why nothing was."""
-    libc, version = _glibc()
+    libc, version = glibc()
     if libc is None:
         return f"left as it is: no glibc malloc to tune here ({version})"
     if not (libc.mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK_LIMIT_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)):
@@ -75,7 +76,7 @@ def reused_memory():
     into an existing one; the whole plain call 148 ms, 62 ms inside this. A GPU's caching allocator
     reuses such blocks without asking; timed inside this, plain attention on a CPU pays for its
     traffic and arithmetic, as the roofline counts, and not for the OS's page faults."""
-    libc, _ = _glibc()
+    libc, _ = glibc()
     if libc is None:
         yield
         return
@@ -93,7 +94,7 @@ def reused_memory():
 def hand_back() -> bool:
     """Return the heap this process has freed to the OS (`malloc_trim`), whatever the kept amount
     (`keep_freed_memory`); True where that was done (glibc), False elsewhere."""
-    libc, _ = _glibc()
+    libc, _ = glibc()
     if libc is None:
         return False
     libc.malloc_trim(0)

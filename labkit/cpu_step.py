@@ -27,6 +27,7 @@ as stored (`cpu_decode.AS_STORED`); logits [Bp, 16 P] (the caller takes [:B, :V]
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -37,8 +38,6 @@ AVAILABLE = cpu_kernels.AVAILABLE
 STORES = {"fp32": 0, **cpu_kernels.ROUNDED_STORES, "int8": 4}
 
 if AVAILABLE:
-    from pathlib import Path
-
     import numba
 
     from .cpu_kernels._installed_builds import seed_from_install

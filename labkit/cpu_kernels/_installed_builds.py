@@ -12,9 +12,10 @@ setup's builds there first (numba checks each against its source's hash on load,
     seed_from_install([Path(labkit.cpu_kernels.__file__).parent, Path(labkit.__file__).parent])
 
 It must run before the kernels are defined: numba picks a kernel's cache folder when it decorates it
-(`_jit` calls it for this package's folder, `cpu_step` for its own, each before its kernels). A file is copied only where the learner has none or an older one, through a
-temporary name, so two lessons starting at once never see half a file and nothing the learner's
-numba compiled since is overwritten. Any failure leaves numba to compile, as it would without this.
+(`_jit` calls it for this package's folder, `cpu_step` for its own, each before its kernels). A
+file is copied only where the learner has none or an older one, through a temporary name, so two
+lessons starting at once never see half a file and nothing the learner's numba compiled since is
+overwritten. Any failure leaves numba to compile, as it would without this.
 """
 from __future__ import annotations
 
