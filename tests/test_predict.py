@@ -171,4 +171,4 @@ def test_lesson_05s_reveal_calls_its_figure_a_simulation_and_its_formula_the_cha
     out = predict.reveal_static_utilisation(50.0, requests, 4, lambda batch, tokens: 1e-3, "AMD EPYC, fp32 cache")
     assert out["rows"] == [("your estimate", "50%"), ("the chapter's formula: mean output ÷ longest output", "50%"),
                            ("simulated on step times measured on AMD EPYC, fp32 cache", "50%")]
-    assert out["gap"].startswith("Your estimate is the same as the simulation; the formula is the same as it.")
+    assert out["gap"].startswith("Your estimate matches the simulation; the formula matches it.")

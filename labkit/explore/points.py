@@ -193,22 +193,22 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
         agree = "agrees" if formula == measured else f"says {formula}"
         gap = f"Your pick {verdict} the {measured_noun}; the formula {agree}. Why: {why}."
     else:
-        gap = (f"Your estimate is {_relative(estimate, measured)} the {measured_noun}; the formula is "
+        gap = (f"Your estimate {_relative(estimate, measured)} the {measured_noun}; the formula "
                f"{_relative(formula, measured)} it. Why: {why}.")
     return {"question": question, "rows": rows, "gap": gap}
 
 
 def _relative(value: float, reference: float) -> str:
-    """'the same as', 'within 10% of' or '2.1 times' — how `value` compares with `reference`.
+    """'matches', 'is within 10% of' or 'is 2.1 times' — how `value` compares with `reference`.
     The percentage is rounded up, so it is a true bound and never reads 'within 0%'."""
     if not value or not reference:
-        return "not comparable with"
+        return "is not comparable with"
     ratio = value / reference
     if abs(ratio - 1) < 5e-4:  # equal to the 3 figures the reveal's rows show
-        return "the same as"
+        return "matches"
     if abs(ratio - 1) <= 0.25:
-        return f"within {math.ceil(round(abs(ratio - 1) * 100, 6)):.0f}% of"
-    return f"{ratio:.2g} times"
+        return f"is within {math.ceil(round(abs(ratio - 1) * 100, 6)):.0f}% of"
+    return f"is {ratio:.2g} times"
 
 
 def _median_over_fastest(point: dict) -> float | None:
