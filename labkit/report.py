@@ -109,10 +109,12 @@ def _walk(model_id, states, pieces, seen):
                       if PLOTLY in out.get("data", {}))
     elif name == "HTMLModel" and state.get("value"):
         pieces.append(("html", state["value"]))
+    elif not state.get("description"):
+        pass  # a control with no name is no setting: a Predict's answer, which its reveal shows
     elif name.endswith("SliderModel") and "value" in state:
-        pieces.append(("setting", f"{state.get('description', '')}: {state['value']}"))
+        pieces.append(("setting", f"{state['description']}: {state['value']}"))
     elif "_options_labels" in state and state.get("index") is not None:  # toggle buttons, dropdowns
-        pieces.append(("setting", f"{state.get('description', '')}: {state['_options_labels'][state['index']]}"))
+        pieces.append(("setting", f"{state['description']}: {state['_options_labels'][state['index']]}"))
     for child in state.get("children", []):
         _walk(str(child).removeprefix("IPY_MODEL_"), states, pieces, seen)
 

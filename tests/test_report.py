@@ -66,6 +66,17 @@ def test_each_widget_output_becomes_its_settings_charts_and_status_line_as_stati
     assert page.count(report.PLOTLYJS_MARK) == 1  # plotly.js inlined once, before the first chart
 
 
+def test_an_unnamed_choice_is_no_setting():
+    """A choice Predict's radio buttons have no description: the report's settings line leaves
+    them out (it read ": Inline code completion"), while named controls keep theirs."""
+    states = {"box": {"state": {"_model_name": "VBoxModel", "children": ["IPY_MODEL_pick", "IPY_MODEL_gpu"]}},
+              "pick": {"state": {"_model_name": "RadioButtonsModel", "description": "", "index": 1,
+                                 "_options_labels": ["Chat", "Inline code completion"]}},
+              "gpu": {"state": {"_model_name": "DropdownModel", "description": "GPU", "index": 0,
+                                "_options_labels": ["H100-SXM"]}}}
+    assert report.shown_by("box", states) == [("setting", "GPU: H100-SXM")]
+
+
 def _traces(line: str) -> list[dict]:
     """The traces of the first `Plotly.newPlot("id", [traces], layout, config)` call on a line."""
     rest = line.split("Plotly.newPlot(", 1)[1]
