@@ -8,6 +8,8 @@ STAMP     := $(VENV)/.stamp
 WARM      := $(VENV)/.warm
 # JupyterLab reads every file in <env>/share/jupyter/lab/settings/overrides.d as default settings (labkit/launch.py copies it too, for a learner without make)
 LAB_DEFAULTS := share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json
+# ...and every file in <env>/etc/jupyter/jupyter_server_config.d as the server's config: the lab's contents manager (labkit/lab_contents.py)
+SERVER_DEFAULTS := etc/jupyter/jupyter_server_config.d/prefill-decode-lab.json
 PORT      ?= 8888
 NB        ?= notebooks/01_two_phases.ipynb
 OUT       ?= build/gpu-check
@@ -37,7 +39,7 @@ TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.t
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-15s %s\n", $$1, $$2}'
 
-venv: $(STAMP) $(WARM) $(VENV)/$(LAB_DEFAULTS) ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
+venv: $(STAMP) $(WARM) $(VENV)/$(LAB_DEFAULTS) $(VENV)/$(SERVER_DEFAULTS) ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
 
 # Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0; triton 3.9.0 on Linux only, the
 # one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it).
@@ -67,6 +69,11 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 # (which would reach out to the network from a lab that needs none), and closing a lesson's tab
 # shuts its kernel down (each open lesson's kernel holds memory; README, "A room that outgrows one machine").
 $(VENV)/$(LAB_DEFAULTS): $(LAB_DEFAULTS) $(STAMP)
+	@mkdir -p $(@D) && cp $< $@
+
+# The server serves a notebook for the venv's own kernel with the metadata JupyterLab would write
+# once the kernel starts, so closing a lesson that was only read asks nothing (labkit/lab_contents.py).
+$(VENV)/$(SERVER_DEFAULTS): $(SERVER_DEFAULTS) $(STAMP)
 	@mkdir -p $(@D) && cp $< $@
 
 # numba compiles the CPU step's kernels on first use; here instead, at setup, and again whenever the

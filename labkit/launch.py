@@ -16,7 +16,8 @@ It prints one line, `JupyterLab: http://127.0.0.1:8888/lab/tree/notebooks/01_two
     path is still passed, so that where a browser can open, it opens the lesson. Kernels start in
     the notebook's folder (notebooks/) either way;
   * the lab's JupyterLab defaults (LAB_DEFAULTS: no prompt over the lesson asking to fetch
-    Jupyter's news, no check for newer releases, a closed lesson's tab shuts its kernel down) are
+    Jupyter's news, no check for newer releases, a closed lesson's tab shuts its kernel down) and
+    its server config (SERVER_DEFAULTS: a lesson only read closes without "Save your work?") are
     copied into this Python's environment first, where they are missing or older: `make venv`
     copies them too, but a learner without make has no other step that would;
   * --no-browser where no browser can open: Linux or BSD without DISPLAY or WAYLAND_DISPLAY
@@ -42,6 +43,9 @@ HOST = "127.0.0.1"
 # JupyterLab reads every file in <environment>/share/jupyter/lab/settings/overrides.d as default
 # settings (a learner's own settings still win); the Makefile's LAB_DEFAULTS is the same file.
 LAB_DEFAULTS = "share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json"
+# ...and every file in <environment>/etc/jupyter/jupyter_server_config.d as the server's config: the
+# lab's contents manager (`lab_contents`); the Makefile's SERVER_DEFAULTS is the same file.
+SERVER_DEFAULTS = "etc/jupyter/jupyter_server_config.d/prefill-decode-lab.json"
 ENVIRONMENT = Path(sys.prefix)  # this Python's environment, whose JupyterLab main() starts
 
 
@@ -70,19 +74,21 @@ def command(port: int, notebook: str, root: Path, browser: bool, as_root: bool) 
 
 
 def install_lab_defaults(prefix: Path, root: Path = ROOT) -> str | None:
-    """Copy the lab's JupyterLab defaults into the environment at `prefix` (sys.prefix) unless an
-    identical copy is there (an older one is replaced, as `make venv` does: the file is the lab's
-    own, and a learner's own settings, made in JupyterLab's Settings editor, always win over it).
-    None when they are in place, else why they could not be (a read-only environment: JupyterLab
-    then asks about Jupyter's news once, nothing worse)."""
-    source, target = root / LAB_DEFAULTS, prefix / LAB_DEFAULTS
-    try:
-        if target.is_file() and target.read_bytes() == source.read_bytes():
-            return None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-    except OSError as err:
-        return f"could not put the lab's JupyterLab defaults in {target.parent} ({err.strerror or err})"
+    """Copy the lab's JupyterLab defaults (LAB_DEFAULTS, SERVER_DEFAULTS) into the environment at
+    `prefix` (sys.prefix) unless identical copies are there (an older one is replaced, as `make venv`
+    does: the files are the lab's own, and a learner's own settings, made in JupyterLab's Settings
+    editor, always win over them). None when they are in place, else why they could not be (a
+    read-only environment: JupyterLab then asks about Jupyter's news once, and whether to save a
+    lesson only read, nothing worse)."""
+    for name in (LAB_DEFAULTS, SERVER_DEFAULTS):
+        source, target = root / name, prefix / name
+        try:
+            if target.is_file() and target.read_bytes() == source.read_bytes():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        except OSError as err:
+            return f"could not put the lab's JupyterLab defaults in {target.parent} ({err.strerror or err})"
     return None
 
 

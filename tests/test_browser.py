@@ -273,8 +273,21 @@ def commit_predictions(page, timeout_s: float) -> list[str]:
 
 
 # ------------------------------------------------------------------ the test
+# Whether the open notebook has unsaved changes, and its metadata as JupyterLab holds it.
+UNSAVED_JS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  return {dirty: w.context.model.dirty, metadata: w.context.model.toJSON().metadata};
+}"""
+
+
 def open_and_run(page, server, notebook: Path):
     open_notebook(page, server, notebook)
+    # Its kernel running, JupyterLab has written the kernel's spec and language_info into the
+    # metadata (a moment after the kernel turns idle); the server served them already
+    # (labkit.lab_contents), so a lesson only read closes without "Save your work?".
+    page.wait_for_timeout(1000)
+    unsaved = page.evaluate(UNSAVED_JS)
+    assert unsaved["dirty"] is False, f"{notebook.name}: unsaved changes before any cell ran: {unsaved['metadata']}"
     run_all_cells(page, notebook)
     wait_for_widgets(page)
 
