@@ -8,10 +8,10 @@ the next tensor of that size starts on pages the kernel must fault in and zero, 
 a time. Its own dynamic threshold follows the sizes freed, but not far enough: measured on a
 2-core AMD EPYC VM (Zen 5), lab-cpu prefills took 25,000-40,000 minor page faults each at
 P = 4,096 and 3,000-9,000 at P = 1,024 (how far the threshold moves depends on the order of the
-allocations: one CI machine's default took only ~200 a prefill at P = 1,024). With blocks up to 32 MiB from the heap and up to 1 GiB of
-freed heap kept, they take ~0-2,500 and ~0-400, and the prefill's time, fastest of three in each
-of five alternating processes, goes from 255.6-313.5 ms (median 270.1) to 239.8-260.1 (247.7) at
-P = 4,096, and from 42.6-55.8 (49.6) to 40.4-46.2 (40.8) at P = 1,024.
+allocations: on one CI machine, ~200 a prefill at P = 1,024). With blocks up to 32 MiB from the
+heap and up to 1 GiB of freed heap kept, they take ~0-2,500 and ~0-400, and the prefill's time,
+fastest of three in each of five alternating processes, goes from 255.6-313.5 ms (median 270.1)
+to 239.8-260.1 (247.7) at P = 4,096, and from 42.6-55.8 (49.6) to 40.4-46.2 (40.8) at P = 1,024.
 
 The cost: the process keeps up to `KEEP_FREED_BYTES` of freed memory for its own reuse instead of
 returning it, until `hand_back` (`sweeps.rest`, once the process has measured nothing for a
