@@ -34,7 +34,7 @@ TEST_JOBS ?= $(shell if nvidia-smi >/dev/null 2>&1; then echo 0; \
 # A token for lab/app: the caller's JUPYTER_TOKEN, else a fresh random one (never empty).
 TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))')}"
 
-.PHONY: help venv browser lab test test-no-triton gpu-check gpu-compile bench report app strip clean
+.PHONY: help venv browser lab update test test-no-triton gpu-check gpu-compile bench report app strip clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-15s %s\n", $$1, $$2}'
@@ -101,6 +101,11 @@ browser: ## (internal) Install Debian's chromium for the browser tests if missin
 # display, --allow-root only as root. Its docstring says why each.
 lab: venv ## Start JupyterLab on 127.0.0.1:PORT (default 8888) with a token, opening notebooks/01_two_phases.ipynb
 	@exec $(PY) -m labkit.launch --port $(PORT)
+
+# Standard library only, so any Python runs it before the venv is brought up to date.
+update: ## git pull the lab; lessons you changed are kept in saved/<date-time>/ first; then set up what changed
+	@$(if $(wildcard $(PY)),$(PY),python3) -m labkit.update
+	@$(MAKE) --no-print-directory venv
 
 # Plain nbstripout (here and in strip), as the repository's pre-commit check runs it: cell ids become
 # their positions ("0", "1", ...), so stripping and verifying always agree.
