@@ -105,7 +105,7 @@ lab: venv ## Start JupyterLab on 127.0.0.1:PORT (default 8888) with a token, ope
 # Standard library only, so any Python runs it before the venv is brought up to date.
 update: ## git pull the lab; lessons you changed are kept in saved/<date-time>/ first; then set up what changed
 	@$(if $(wildcard $(PY)),$(PY),python3) -m labkit.update
-	@$(MAKE) --no-print-directory venv
+	@$(MAKE) --no-print-directory -s venv
 
 # Plain nbstripout (here and in strip), as the repository's pre-commit check runs it: cell ids become
 # their positions ("0", "1", ...), so stripping and verifying always agree.
