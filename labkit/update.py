@@ -84,8 +84,7 @@ def update(repo: Path, now: datetime.datetime) -> list[str]:
         kept = f" (your lessons are kept in {folder.relative_to(repo)}/)" if changed else ""
         raise GitError(f"git pull failed{kept}: {err}") from err
     after = git(repo, "rev-parse", "HEAD").strip()
-    lines.append("update: already up to date" if after == before else
-                 f"update: {before[:7]} -> {after[:7]}; `make lab` (or python -m labkit.launch) reinstalls what changed")
+    lines.append("update: already up to date" if after == before else f"update: {before[:7]} -> {after[:7]}")
     return lines
 
 

@@ -45,7 +45,8 @@ def test_a_changed_lesson_is_kept_then_the_new_version_pulled(upstream_and_clone
     assert kept.read_text() == '{"v": 1, "outputs": "mine"}\n', "the learner's copy is kept as it was"
     assert (clone / LESSON).read_text() == '{"v": 2}\n', "the new lesson is pulled"
     assert lines[0] == "update: kept 1 lesson(s) you changed in saved/2026-12-06_030000/ (01_two_phases.ipynb)"
-    assert lines[1].startswith("update: ") and "->" in lines[1] and "make lab" in lines[1]
+    head = run(clone, "rev-parse", "--short=7", "HEAD").strip()
+    assert lines[1].startswith("update: ") and lines[1].endswith(f" -> {head}")
     assert update.changed_lessons(clone) == []
 
 
