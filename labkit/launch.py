@@ -2,6 +2,7 @@
 so does a learner without make (Windows), from the repository root:
 
     python -m labkit.launch [--port 8888] [--notebook notebooks/01_two_phases.ipynb]
+    python -m labkit.launch --install-defaults   # only the defaults below, into this Python's environment
 
 It prints one line, `JupyterLab: http://127.0.0.1:8888/lab/tree/notebooks/01_two_phases.ipynb?token=…`
 (Jupyter's own URL line hides the token, so this is the link to open), then becomes JupyterLab:
@@ -101,6 +102,9 @@ def parse_args(argv=None):
     parser = Parser(prog="python -m labkit.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port on {HOST} ({DEFAULT_PORT})")
     parser.add_argument("--notebook", default=LESSON, help=f"the lesson to open, relative to the repository ({LESSON})")
+    parser.add_argument("--install-defaults", action="store_true",
+                        help="only put the lab's JupyterLab defaults into this Python's environment, and exit "
+                             "(for a hub's shared environment: run it as its owner)")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1 .. 65535, got {args.port}")
@@ -124,6 +128,8 @@ def port_in_use(port: int) -> bool:
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
+        if args.install_defaults:
+            return _install_only()
         if port_in_use(args.port):
             raise UsageError(f"port {args.port} on {HOST} is in use (another JupyterLab?); choose another, "
                              f"e.g. make lab PORT={args.port + 1} or --port {args.port + 1}")
@@ -136,7 +142,8 @@ def main(argv=None) -> int:
         notebook = ""
     problem = install_lab_defaults(ENVIRONMENT)
     if problem:
-        print(f"launch: note: {problem}; JupyterLab may ask once whether to fetch Jupyter's news", file=sys.stderr)
+        print(f"launch: note: {problem}; JupyterLab may ask once whether to fetch Jupyter's news, and "
+              "whether to save a lesson only read", file=sys.stderr)
     secret = token()
     argv = command(args.port, notebook, ROOT, can_open_browser(), is_root())
     print(f"JupyterLab: {link(args.port, notebook, secret)}", flush=True)
@@ -150,6 +157,16 @@ def main(argv=None) -> int:
     except OSError as err:
         print(f"launch: error: could not start JupyterLab: {err}", file=sys.stderr)
         return 1
+
+
+def _install_only() -> int:
+    """--install-defaults: the defaults into ENVIRONMENT, one line saying where, or why not (exit 1)."""
+    problem = install_lab_defaults(ENVIRONMENT)
+    if problem:
+        print(f"launch: error: {problem}", file=sys.stderr)
+        return 1
+    print(f"launch: the lab's JupyterLab defaults are in {ENVIRONMENT} ({LAB_DEFAULTS}, {SERVER_DEFAULTS})")
+    return 0
 
 
 if __name__ == "__main__":

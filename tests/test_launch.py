@@ -191,3 +191,25 @@ def test_the_printed_link_opens_the_server_and_nothing_else_does(tmp_path):
             "closing a lesson's tab shuts its kernel down"
     finally:
         server.stop()
+
+
+def test_install_defaults_only_puts_both_files_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    """A hub's shared environment: its owner runs `python -m labkit.launch --install-defaults`."""
+    monkeypatch.setattr(launch, "ENVIRONMENT", tmp_path)
+    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("started JupyterLab"))
+    monkeypatch.setattr(launch.subprocess, "call", lambda *a, **k: pytest.fail("started JupyterLab"))
+    assert launch.main(["--install-defaults"]) == 0
+    for name in (launch.LAB_DEFAULTS, launch.SERVER_DEFAULTS):
+        assert (tmp_path / name).read_bytes() == (ROOT / name).read_bytes()
+    out, err = capsys.readouterr()
+    assert out == f"launch: the lab's JupyterLab defaults are in {tmp_path} ({launch.LAB_DEFAULTS}, {launch.SERVER_DEFAULTS})\n"
+    assert err == ""
+
+
+def test_install_defaults_only_into_a_read_only_environment_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "ENVIRONMENT", tmp_path)
+    monkeypatch.setattr(launch.shutil, "copyfile", lambda s, t: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    assert launch.main(["--install-defaults"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("launch: error: could not put the lab's JupyterLab defaults in ") and "Permission denied" in err
+    assert len(err.strip().splitlines()) == 1
