@@ -6,10 +6,8 @@ VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.stamp
 WARM      := $(VENV)/.warm
-# JupyterLab reads every file in <env>/share/jupyter/lab/settings/overrides.d as default settings (labkit/launch.py copies it too, for a learner without make)
-LAB_DEFAULTS := share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json
-# ...and every file in <env>/etc/jupyter/jupyter_server_config.d as the server's config: the lab's contents manager (labkit/lab_contents.py)
-SERVER_DEFAULTS := etc/jupyter/jupyter_server_config.d/prefill-decode-lab.json
+# The lab's JupyterLab defaults (labkit/launch.py's LAB_DEFAULTS and SERVER_DEFAULTS), which `python -m labkit.launch --install-defaults` copies into the venv
+DEFAULTS  := share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json etc/jupyter/jupyter_server_config.d/prefill-decode-lab.json
 PORT      ?= 8888
 NB        ?= notebooks/01_two_phases.ipynb
 OUT       ?= build/gpu-check
@@ -39,7 +37,7 @@ TOKEN_SH = token="$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.t
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-15s %s\n", $$1, $$2}'
 
-venv: $(STAMP) $(WARM) $(VENV)/$(LAB_DEFAULTS) $(VENV)/$(SERVER_DEFAULTS) ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
+venv: $(STAMP) $(WARM) $(VENV)/.defaults ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
 
 # Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0; triton 3.9.0 on Linux only, the
 # one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it).
@@ -66,15 +64,13 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 
 # The lab's JupyterLab defaults, in the venv's JupyterLab (a learner's own settings still win): no
 # prompt over the lesson asking to fetch Jupyter's news, no check for newer JupyterLab releases
-# (which would reach out to the network from a lab that needs none), and closing a lesson's tab
-# shuts its kernel down (each open lesson's kernel holds memory; README, "A room that outgrows one machine").
-$(VENV)/$(LAB_DEFAULTS): $(LAB_DEFAULTS) $(STAMP)
-	@mkdir -p $(@D) && cp $< $@
-
-# The server serves a notebook for the venv's own kernel with the metadata JupyterLab would write
-# once the kernel starts, so closing a lesson that was only read asks nothing (labkit/lab_contents.py).
-$(VENV)/$(SERVER_DEFAULTS): $(SERVER_DEFAULTS) $(STAMP)
-	@mkdir -p $(@D) && cp $< $@
+# (which would reach out to the network from a lab that needs none), closing a lesson's tab shuts
+# its kernel down (each open lesson's kernel holds memory; README, "A room that outgrows one
+# machine"), and a lesson only read closes without "Save your work?" (labkit/lab_contents.py).
+# The same call `make lab` makes before it starts JupyterLab, and a hub's owner runs by hand.
+$(VENV)/.defaults: $(DEFAULTS) labkit/launch.py $(STAMP)
+	@$(PY) -m labkit.launch --install-defaults >/dev/null
+	@touch $@
 
 # numba compiles the CPU step's kernels on first use; here instead, at setup, and again whenever the
 # code they are made from changes (a `git pull`), so no lesson waits for it.

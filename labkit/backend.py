@@ -46,7 +46,6 @@ ENV_VAR = "LABKIT_DEVICE"
 # Fraction of free memory kept back by `check_fits`: the allocator's caching and fragmentation,
 # the CUDA context and the notebook's own tensors all need room beyond the formula's footprint.
 HEADROOM = 0.10
-GIB = 2**30
 INTERPRET_VAR = "TRITON_INTERPRET"  # "1": Triton kernels run in its interpreter; read when triton is imported
 # What a skipped Triton part says where `import triton` fails, as on a Mac or a Windows laptop.
 TRITON_MISSING = "Triton is not installed (no wheels for this platform)"

@@ -42,10 +42,11 @@ LESSON = "notebooks/01_two_phases.ipynb"
 DEFAULT_PORT = 8888
 HOST = "127.0.0.1"
 # JupyterLab reads every file in <environment>/share/jupyter/lab/settings/overrides.d as default
-# settings (a learner's own settings still win); the Makefile's LAB_DEFAULTS is the same file.
+# settings (a learner's own settings still win); `make venv` installs both files through
+# --install-defaults (the Makefile's DEFAULTS names them, to know when to).
 LAB_DEFAULTS = "share/jupyter/lab/settings/overrides.d/prefill-decode-lab.json"
 # ...and every file in <environment>/etc/jupyter/jupyter_server_config.d as the server's config: the
-# lab's contents manager (`lab_contents`); the Makefile's SERVER_DEFAULTS is the same file.
+# lab's contents manager (`lab_contents`).
 SERVER_DEFAULTS = "etc/jupyter/jupyter_server_config.d/prefill-decode-lab.json"
 ENVIRONMENT = Path(sys.prefix)  # this Python's environment, whose JupyterLab main() starts
 
