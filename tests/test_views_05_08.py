@@ -74,6 +74,13 @@ def test_a_lessons_bad_parameters_are_one_clear_error_before_any_widget():
         explore.phase_points(model, get_gpu("H100-SXM"), 2000, 1, context_tokens=-1)
 
 
+def test_a_decode_point_names_an_empty_cache_rather_than_s_zero():
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("H100-SXM")
+    labels = [p["label"] for p in explore.phase_points(model, gpu, 2000, 4)]
+    assert labels == ["prefill, P=2,000", "decode, B=4, empty cache"]
+    assert explore.phase_points(model, gpu, 2000, 4, context_tokens=1024)[1]["label"] == "decode, B=4, S=1,024"
+
+
 def test_chunk_lab_reruns_the_chunked_timeline():
     sizes = dict(model="lab-tiny", device="cpu", streams=2, context_tokens=32, prompt_tokens=128)
     unchunked = interference.run_timeline(**sizes)

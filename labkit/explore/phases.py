@@ -31,9 +31,11 @@ def phase_points(model: ModelSpec, hardware: HardwareSpec, prompt_tokens: int, b
     prefill = r.prefill_intensity_flops_per_byte(model, prompt_tokens, 1, counting, dtype)
     decode = r.decode_intensity_flops_per_byte(model, batch, context_tokens, counting, dtype,
                                                dtype if dtype in r.CACHE_DTYPES else "bf16")
+    # S=0 is an empty cache (the step reads the weights only); "S=0" alone reads as no decode at all
+    cache = f"S={context_tokens:,}" if context_tokens else "empty cache"
     points = []
     for phase, intensity, label in (("prefill", prefill, f"prefill, P={prompt_tokens:,}"),
-                                    ("decode", decode, f"decode, B={batch:,}, S={context_tokens:,}")):
+                                    ("decode", decode, f"decode, B={batch:,}, {cache}")):
         attainable = min(hardware.peak_flops_per_s(dtype), intensity * hardware.memory_bandwidth_bytes_per_s)
         bound = "compute" if intensity >= r.ridge_point_flops_per_byte(hardware, dtype) else "memory"
         points.append({"phase": phase, "label": label, "intensity_flops_per_byte": intensity,
