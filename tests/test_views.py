@@ -68,6 +68,8 @@ def test_roofline_figure_places_both_phases():
     fig = views.roofline_figure([explore.roofline_curve(gpu)], [explore.phase_points(model, gpu, 2000, 1)], "t")
     bounds = [t for t in fig.data[2].text]
     assert "compute-bound" in bounds[0] and "memory-bound" in bounds[1]
+    # decode sits near the left edge (about 1 FLOP/byte on a grid from 0.1): its label runs right
+    assert list(fig.data[2].textposition) == ["top center", "top right"]
 
 
 def test_importing_views_skips_jsonschemas_iri_grammars_but_leaves_them_importable():

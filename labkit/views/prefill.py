@@ -1,6 +1,8 @@
 """Lessons 01-03: the two phases on a roofline, prefill's two terms, FlashAttention."""
 from __future__ import annotations
 
+import math
+
 from .. import explore
 from ._plotly import go, make_subplots, widgets
 from .base import ATTENTION, LINEAR, MEASURED, PREDICTED, LessonWidget, LiveFigure
@@ -18,12 +20,22 @@ def roofline_figure(curves: list[dict], points: list[list[dict]], title: str) ->
                         hovertext=[f"ridge point {curve['ridge_flops_per_byte']:,.0f} FLOP/byte"])
         fig.add_scatter(x=[p["intensity_flops_per_byte"] for p in pts],
                         y=[p["attainable_flops_per_s"] for p in pts], mode="markers+text",
-                        text=[f"{p['label']} ({p['bound']}-bound)" for p in pts], textposition="top center",
+                        text=[f"{p['label']} ({p['bound']}-bound)" for p in pts],
+                        textposition=[_away_from_edge(p["intensity_flops_per_byte"], curve) for p in pts],
                         marker=dict(size=11), name=f"phases on {curve['name']}")
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOP per byte moved)")
     fig.update_yaxes(type="log", title="attainable FLOP/s")
     fig.update_layout(title=title, height=480, legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def _away_from_edge(intensity: float, curve: dict) -> str:
+    """Where a point's label goes: centred over it, but in the outer quarters of the log x axis
+    towards the middle, so a label near an edge (decode at about 1 FLOP per byte) is not cut at
+    the axes."""
+    grid = curve["intensity_flops_per_byte"]
+    along = math.log(intensity / grid[0]) / math.log(grid[-1] / grid[0])  # 0 at the left edge, 1 at the right
+    return "top right" if along < 0.25 else "top left" if along > 0.75 else "top center"
 
 
 # ---- lesson 02: prefill's two terms
