@@ -29,6 +29,14 @@ def _lab(device: str | None):
     return get_model(settings["model"]), kind, settings["dtype"], settings["cache_dtype"], roof
 
 
+def _busy(*points: dict) -> str:
+    """'; other programs ... kept N% of the cores busy while it was timed' where any measured point
+    was disturbed (the largest share among them), else '': a reveal's measured ratio is then
+    partly the other programs' (`timing.Timing.disturbed`)."""
+    shares = [p["others_busy_share"] for p in points if p.get("disturbed")]
+    return f"; {busy_phrase(max(shares))}" if shares else ""
+
+
 def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = None, measure=None) -> dict:
     """Lesson 01: how many times longer a decode step at `batch` takes than at batch 1.
     `measure(batch=B)`: a decode point at the lab's context and cache dtype (default
@@ -41,7 +49,8 @@ def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = N
     many, one = (measure(batch=b) for b in (batch, 1))  # the longer first, as a slider's `prime` times them
     return explore.reveal(f"decode step at batch {batch} ÷ batch 1 ({context:,} tokens each)", "×", estimate,
                           step(batch) / step(1), many["time_s"] / one["time_s"], one["device_name"],
-                          "one read of the weights serves the whole batch; only the cache and the arithmetic grow")
+                          "one read of the weights serves the whole batch; only the cache and the arithmetic grow"
+                          + _busy(many, one))
 
 
 def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, device: str | None = None,
@@ -55,7 +64,7 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
     long, short = (measure(prompt_tokens=p) for p in (high, low))  # the longer first, as `prime`
     return explore.reveal(f"prefill of {high:,} tokens ÷ {low:,} tokens ({high / low:.0f}× the tokens)", "×",
                           estimate, time(high) / time(low), long["time_s"] / short["time_s"], short["device_name"],
-                          "the attention term grows with the square of the prompt")
+                          "the attention term grows with the square of the prompt" + _busy(long, short))
 
 
 def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int, head_dim: int,
@@ -99,7 +108,8 @@ def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=No
                           "×", estimate,
                           step(full["context_tokens"]) / step(empty["context_tokens"]),
                           full["time_s"] / empty["time_s"], empty["device_name"],
-                          "every step reads the whole cache: its share of the read grows with the context")
+                          "every step reads the whole cache: its share of the read grows with the context"
+                          + _busy(empty, full))
 
 
 def reveal_static_utilisation(estimate: float, requests, max_batch: int, step_time_s, label: str) -> dict:
@@ -122,11 +132,10 @@ def reveal_stall(estimate: float, run, device: str | None = None) -> dict:
     timeline = run()
     summary = timeline.summary()
     predicted = roofline.predicted_prefill_time_s(model, timeline.prompt_tokens, roof, 1, dtype, roofline.KERNEL)
-    busy = f"; {busy_phrase(summary['others_busy_share'])}" if summary["disturbed"] else ""
     return explore.reveal(f"worst gap between stream tokens while {timeline.prompt_tokens:,} prompt tokens are "
                           "prefilled in one pass", "ms", estimate, 1e3 * predicted,
                           1e3 * summary["itl_max_s"], timeline.device_name,
-                          "every stream waits for the whole prefill before its next token" + busy)
+                          "every stream waits for the whole prefill before its next token" + _busy(summary))
 
 
 def reveal_decode_heaviest(estimate: str, serve, titles: list[str], gpu: str = "H100-SXM") -> dict:

@@ -172,3 +172,23 @@ def test_lesson_05s_reveal_calls_its_figure_a_simulation_and_its_formula_the_cha
     assert out["rows"] == [("your estimate", "50%"), ("the chapter's formula: mean output ÷ longest output", "50%"),
                            ("simulated on step times measured on AMD EPYC, fp32 cache", "50%")]
     assert out["gap"].startswith("Your estimate matches the simulation; the formula matches it.")
+
+
+def _point(time_s, share=None):
+    return {"time_s": time_s, "device_name": "a CPU", "others_busy_share": share,
+            "disturbed": share is not None and share > 0.08}
+
+
+def test_a_reveal_says_when_the_machine_was_busy_while_its_points_were_timed():
+    """A ratio of two points timed while other programs kept the cores busy is partly theirs
+    (lesson 02's growth read 7.5x for 8x the tokens that way): the reveal's line says so, with the
+    busiest share, and says nothing of the kind on a quiet machine."""
+    busy = "other programs (a browser drawing?) kept 40% of the cores busy while it was timed"
+    quiet = {512: _point(0.01, 0.01), 4096: _point(0.12, 0.02)}
+    loaded = {512: _point(0.02, 0.4), 4096: _point(0.15, 0.1)}
+    for points, said in ((quiet, False), (loaded, True)):
+        gap = predict.reveal_prefill_growth(8.0, device="cpu", measure=lambda prompt_tokens: points[prompt_tokens])["gap"]
+        assert gap.endswith("square of the prompt" + (f"; {busy}." if said else "."))
+    steps = {1: _point(0.001), 16: _point(0.003, 0.4)}
+    gap = predict.reveal_decode_batch(16.0, device="cpu", measure=lambda batch: steps[batch])["gap"]
+    assert gap.endswith(f"; {busy}.")

@@ -185,15 +185,17 @@ PREDICTED = {"prompt_tokens": [512, 2304, 4096], "predicted_time_s": [1.0, 6.0, 
              "linear_only_s": [1.0, 4.5, 8.0]}
 
 
-def _rec(p, t, noisy=False):
-    return {"prompt_tokens": p, "time_s": t, "noisy": noisy, "device": "cpu", "device_name": "a CPU"}
+def _rec(p, t, noisy=False, disturbed=False):
+    return {"prompt_tokens": p, "time_s": t, "noisy": noisy, "disturbed": disturbed, "device": "cpu",
+            "device_name": "a CPU"}
 
 
-def test_growth_leaves_noisy_points_out():
-    records = [_rec(512, 5.0, noisy=True), _rec(2304, 6.0), _rec(4096, 15.0)]
+@pytest.mark.parametrize("flag", ["noisy", "disturbed"])
+def test_growth_leaves_points_timed_on_a_busy_machine_out(flag):
+    records = [_rec(512, 5.0, **{flag: True}), _rec(2304, 6.0), _rec(4096, 15.0)]
     g = explore.growth(records, "prompt_tokens", PREDICTED)
     assert (g["from"], g["to"], g["measured_ratio"], g["left_out"]) == (2304, 4096, 2.5, 1)
-    assert "1 noisy point(s) left out" in explore.growth_line(g)
+    assert "(1 point(s) timed on a busy machine left out)" in explore.growth_line(g)
 
 
 def test_growth_with_too_few_clean_points_concludes_nothing():

@@ -51,11 +51,15 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
     the measured time grew, and how much the prediction grew with and without attention
     (`predicted` from `prefill_split_prediction`, which must contain both x values).
 
-    Noisy points are left out (`left_out` counts them): a conclusion drawn from a time that a
-    busy machine inflated would teach the opposite of the lesson; so are GPU points whose working
-    set could stay in the L2 (`l2_resident`). With fewer than two clean
-    points of different x, the ratios are None."""
-    clean = sorted((rec for rec in records if not rec.get("noisy") and not rec.get("l2_resident")),
+    Points timed on a busy machine are left out (`left_out` counts them): noisy ones (no second
+    call confirmed the fastest) and disturbed ones (other programs kept the cores busy while they
+    were timed, which slows even the fastest call, a short prompt's more than a long one's: lesson 02 in the
+    browser on the 2-core EPYC VM with one core kept busy measured 7.5x the time for 8x the
+    tokens, a straight line where idle it bends). A conclusion drawn from those times
+    would teach the opposite of the lesson. So are GPU points whose working set could stay in the
+    L2 (`l2_resident`). With fewer than two clean points of different x, the ratios are None."""
+    clean = sorted((rec for rec in records
+                    if not rec.get("noisy") and not rec.get("disturbed") and not rec.get("l2_resident")),
                    key=lambda rec: rec[x_key])
     result = {"left_out": len(records) - len(clean), "device_name": None, "from": None, "to": None,
               "x_ratio": None, "measured_ratio": None, "predicted_ratio": None, "linear_only_ratio": None}
@@ -73,7 +77,7 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
 
 def growth_line(g: dict, x_name: str = "P") -> str:
     """`growth` as the one sentence a lesson prints; says so when too few points were clean."""
-    noisy = f" ({g['left_out']} noisy point(s) left out)" if g["left_out"] else ""
+    noisy = f" ({g['left_out']} point(s) timed on a busy machine left out)" if g["left_out"] else ""
     if g["measured_ratio"] is None:
         return (f"Too few trustworthy points to compare{noisy}: the machine was busy while they were "
                 "measured. Move the slider to re-measure them once it is quieter.")
