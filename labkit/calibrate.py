@@ -408,7 +408,9 @@ def describe(spec: HardwareSpec, info: dict) -> str:
     tiers.append(f"{spec.memory_name} {format_rate(spec.memory_bandwidth_bytes_per_s, 'B/s')}")
     caches = ", ".join(f"{name} {size / MIB:,.0f} MiB" for name, size in spec.cache_levels) or "none reported"
     noisy = info.get("noisy") or []
-    lines = [f"{spec.name} ({info.get('device')}, {info.get('threads')} threads), calibrated {info.get('date')}",
+    threads = info.get("threads")
+    lines = [f"{spec.name} ({info.get('device')}, {threads} thread{'' if threads == 1 else 's'}), "
+             f"calibrated {info.get('date')}",
              f"  bandwidth roof: {'; '.join(tiers)} (caches as the OS reports them: {caches})",
              f"  matmul peak {peaks}",
              f"  ridge point ({compute_dtype}, at the {spec.memory_name}'s bandwidth) {ridge:,.1f} FLOP/byte; "
