@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from . import cgroups, cpu_info
+from . import cgroups, cpu_info, cpu_memory
 from .dtypes import COMPUTE_DTYPES, torch_dtype
 from .errors import FootprintError, LabError
 from .units import format_bytes, machine_name
@@ -229,6 +229,11 @@ def check_fits(required_bytes: float, device, what: str) -> int:
     GPU unusable until restart. Returns the free bytes it compared against."""
     kind, _ = _kind_and_index(device)
     free = free_memory_bytes(device)
+    if required_bytes > free * (1 - HEADROOM) and kind == "cpu" and cpu_memory.hand_back():
+        # The memory this process freed and malloc keeps for its own reuse (`cpu_memory`) counts as
+        # in use to the OS and a cgroup: hand it back before refusing. Lesson 07 under a 1 GiB limit
+        # (QUICK, 2-core EPYC VM): its serving left 236 MiB kept; handed back, RSS 908 -> 667 MB.
+        free = free_memory_bytes(device)
     if required_bytes > free * (1 - HEADROOM):
         limit = _binding_limit(free) if kind == "cpu" else None
         if limit is None:

@@ -170,6 +170,22 @@ def test_under_a_hubs_memory_limit_the_refusal_says_what_holds_the_memory_and_wh
     assert str(caught.value).endswith("needs 16 MiB but cpu has 10 MiB free (keeping 10% headroom); lower batch or context")
 
 
+def test_memory_malloc_kept_is_handed_back_before_a_refusal(monkeypatch):
+    """The memory a CPU process freed and malloc keeps for reuse (`cpu_memory`) counts as in use
+    under a cgroup limit; check_fits hands it back and looks again before it refuses, and leaves it
+    kept when the run fits anyway (the kept memory spares the next prefill its page faults)."""
+    handed = []
+    monkeypatch.setattr(backend.cpu_memory, "hand_back", lambda: handed.append(True) or True)
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: (300 << 20) if handed else (90 << 20))
+    assert backend.check_fits(122 << 20, "cpu", "a cache") == 300 << 20 and len(handed) == 1
+    assert backend.check_fits(122 << 20, "cpu", "a cache") == 300 << 20 and len(handed) == 1  # fits: kept
+    handed.clear()
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 90 << 20)  # nothing came back
+    with pytest.raises(FootprintError, match=r"^a cache needs 122 MiB but cpu has 90 MiB free"):
+        backend.check_fits(122 << 20, "cpu", "a cache")
+    assert handed == [True]
+
+
 def test_check_fits_keeps_ten_percent_headroom(monkeypatch):
     monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 10 * GIB)
     assert backend.check_fits(8.9 * GIB, "cpu", "x") == 10 * GIB
