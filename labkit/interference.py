@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import backend, cpu_info, sweeps, timing
+from . import backend, cpu_info, roofline, sweeps, timing
 from .errors import LabError, whole_number
 from .timing import HOST_BOUND_FRACTION, OTHERS_BUSY_LIMIT
 
@@ -105,7 +105,7 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
     if warmup if warmup is not None else kind == "cuda":
         run_timeline(model, streams, context_tokens, prompt_tokens, chunk_tokens, device, warmup=False)
     steps = BEFORE_STEPS + math.ceil(prompt_tokens / chunk) + AFTER_STEPS + 1
-    stream_cache, long_cache = _caches(built, streams, context_tokens, context_tokens + steps, prompt_tokens)
+    stream_cache, long_cache = _caches(built, streams, context_tokens, context_tokens + steps, prompt_tokens, chunk)
     g = torch.Generator().manual_seed(0)
     stream_tokens = torch.randint(0, built.spec.vocab_size, (streams,), generator=g).to(built.device)
     prompt = torch.randint(0, built.spec.vocab_size, (prompt_tokens,), generator=g).to(built.device)
@@ -148,13 +148,19 @@ def compare(chunk_tokens: int, **sizes) -> dict:
             "chunked": run_timeline(chunk_tokens=chunk_tokens, **sizes)}
 
 
-def _caches(built, streams: int, context_tokens: int, capacity: int, prompt_tokens: int):
+def _caches(built, streams: int, context_tokens: int, capacity: int, prompt_tokens: int, chunk: int):
     """The streams' cache (`capacity` positions a row, the first `context_tokens` filled with
-    random K/V) and the long request's own cache, in the model's compute dtype; each is
-    refused before allocating if it does not fit. The model's own cache is left alone."""
-    stream_cache = built.make_cache(streams, capacity)
+    random K/V) and the long request's own cache, in the model's compute dtype, refused before
+    either is allocated unless both fit with the prefill of a `chunk`-token piece
+    (`Llama.prefill_bytes`). The model's own cache is left alone."""
+    need = (sum(roofline.kv_cache_bytes(built.spec, tokens, rows, built.compute_dtype)
+                for rows, tokens in ((streams, capacity), (1, prompt_tokens)))
+            + built.prefill_bytes(1, chunk))
+    backend.check_fits(need, built.device.type, f"{streams} streams' caches of {capacity:,} tokens, a "
+                       f"{prompt_tokens:,}-token prompt's cache and its prefill {chunk:,} tokens at a time")
+    stream_cache = built.make_cache(streams, capacity, check=False)  # checked above
     stream_cache.fill_random(context_tokens)
-    long_cache = built.make_cache(1, prompt_tokens)
+    long_cache = built.make_cache(1, prompt_tokens, check=False)
     return stream_cache, long_cache
 
 

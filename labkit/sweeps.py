@@ -131,6 +131,8 @@ def ensure_cache(model: Llama, batch: int, tokens: int, cache_dtype: str, prefil
     cache = model.cache
     if not _reusable(cache, batch, tokens, cache_dtype):
         cache = model.setup_cache(batch, tokens, cache_dtype, prefill_tokens)
+    elif prefill_tokens > 1:  # the cache stays, the prefill's activations are new
+        model.check_prefill(batch, prefill_tokens)
     return cache
 
 
@@ -345,7 +347,8 @@ def with_moment(point: dict, far_below: float = roofline.FAR_FROM_ROOF) -> dict:
     Why: a shared machine's memory changes speed under the lab. On the 2-core EPYC VM the same
     64 MiB buffer read at 65-113 GB/s within 4 s, and 128 MiB at 46-58 GB/s one minute and 84-96
     another, so a lesson's point at 0.41 of its calibrated roof could be a slow step or a
-    calibration from a faster moment. The second reading tells which (`explore.moment_note`)."""
+    calibration from a faster moment. The second reading tells which (`explore.moment_note`). Where
+    its buffers would not fit (a 1 GiB limit, lesson 05's 64 x 4,096-token cache), it is not read."""
     return {**point, **moment(point.get("device"), point.get("bound"), point.get("roof_fraction"),
                               point.get("working_set_bytes"), point.get("achieved_bytes_per_s"), far_below)}
 
@@ -357,7 +360,10 @@ def moment(device, bound, fraction, working_set_bytes, achieved_bytes_per_s,
     (nothing read). A measured point and a breakdown (`breakdown._split`) both ask it."""
     if device != "cpu" or bound != "memory" or fraction is None or far_below <= fraction <= 1.0:
         return {}
-    now = calibrate.bandwidth_now("cpu", working_set_bytes)
+    try:
+        now = calibrate.bandwidth_now("cpu", working_set_bytes)
+    except FootprintError:  # its two buffers of the working set have no room: the point stands without it
+        return {}
     return {"moment_bandwidth_bytes_per_s": now, "moment_roof_fraction": achieved_bytes_per_s / now}
 
 

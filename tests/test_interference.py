@@ -131,3 +131,17 @@ def test_a_cpu_timeline_starts_after_a_quiet_moment_and_says_how_busy_the_machin
     quiet = i.run_timeline(chunk_tokens=64, **SIZES)
     assert not quiet.summary()["disturbed"]
     assert "other programs" not in explore.chunk_view(lambda chunk_tokens: quiet, quiet, 64)["status"]
+
+
+def test_a_timeline_that_would_not_fit_is_refused_before_its_caches_are_made(monkeypatch):
+    """Both caches and the prefill of one chunk are checked together before either cache is
+    allocated: under a 640 MiB limit lesson 06's kernel was killed by the OOM killer mid-prefill."""
+    from labkit import backend, sweeps
+    from labkit.errors import FootprintError
+    built = sweeps.get_built_model("lab-tiny", "cpu")
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 1 << 10)
+    monkeypatch.setattr(built, "make_cache", lambda *a, **k: pytest.fail("a cache was allocated"))
+    with pytest.raises(FootprintError, match=r"^2 streams' caches of \d+ tokens, a 64-token prompt's cache and its "
+                                             r"prefill 16 tokens at a time needs "):
+        i.run_timeline(model="lab-tiny", device="cpu", streams=2, context_tokens=32, prompt_tokens=64,
+                       chunk_tokens=16)

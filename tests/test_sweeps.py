@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labkit import calibrate, roofline, sizes, sweeps
-from labkit.errors import LabError
+from labkit.errors import FootprintError, LabError
 from labkit.roofline import KERNEL
 from labkit.specs import HardwareSpec, get_model
 
@@ -289,6 +289,11 @@ def test_a_slider_point_far_from_its_roof_reads_the_bandwidth_of_its_moment(monk
     monkeypatch.setattr(sweeps, "measure_decode", lambda model, **kw: measured.append(kw) or dict(point))
     assert sweeps.bind_decode("lab-tiny", cache_dtype="fp32")(batch=2)["moment_roof_fraction"] == pytest.approx(0.8)
     assert measured == [{"cache_dtype": "fp32", "batch": 2}]
+    # no room for the reading's buffers (a 1 GiB limit): the point stands as measured, not refused
+    def no_room(device, working_set_bytes=None):
+        raise FootprintError("the calibration's bandwidth sweep needs 632 MiB but cpu has 99 MiB free")
+    monkeypatch.setattr(calibrate, "bandwidth_now", no_room)
+    assert sweeps.with_moment(point) == point
 
 
 def test_a_cache_dtype_the_cpu_does_not_offer_is_refused_before_anything_is_allocated(fake_roof, monkeypatch):
@@ -315,6 +320,25 @@ def test_a_chart_is_primed_only_with_the_batches_whose_cache_fits(monkeypatch):
     assert sweeps.fitting_batches("lab-tiny", [2, 3], 150, "fp32", "cpu") == [2]
     with pytest.raises(LabError, match="no fp8 KV cache"):
         sweeps.fitting_batches("lab-tiny", [1], 10, "fp8", "cpu")
+
+
+def test_a_prefill_into_a_cache_big_enough_is_still_checked_for_its_activations(fake_roof, monkeypatch):
+    """A model's cache of 4,096 tokens serves every prefill up to 4,096 as it is; the prefill's
+    activations are new all the same. On the CPU they count CPU_PREFILL_GROWTH times over (the heap
+    grew ~3.3x them, measured), so under a 640 MiB limit P = 4,096 is refused in one line, where
+    before the kernel's OOM killer ended the lesson's kernel."""
+    from labkit import backend, model
+    built = sweeps.get_built_model("lab-tiny", "cpu")
+    built.setup_cache(1, 512, "fp32")
+    need = built.prefill_bytes(1, 512)
+    activations = roofline.activation_bytes(built.spec, 512, 1, "fp32")
+    assert need == int(model.CPU_PREFILL_GROWTH * activations) + roofline.logits_bytes(built.spec, 1)
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: int(need / (1 - backend.HEADROOM)) - 1)
+    monkeypatch.setattr(built, "prefill", lambda *a, **k: pytest.fail("a prefill ran"))
+    with pytest.raises(FootprintError, match=r"^a prefill of 1 x 512 tokens of lab-tiny \(its activations\) needs "):
+        sweeps.measure_prefill("lab-tiny", prompt_tokens=512, device="cpu")
+    assert built.cache.max_tokens == 512  # the cache it had stays
+    sweeps.ensure_cache(built, 1, 10, "fp32", 1)  # a decode step's one token: no prefill to check
 
 
 def test_lesson_01s_gpu_decode_chart_starts_with_what_an_h100_holds():
