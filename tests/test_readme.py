@@ -42,3 +42,9 @@ def test_the_calibration_figures_are_labkit_s():
     from labkit import calibrate
     assert (f"from {calibrate.SMALLEST_WORKING_SET // 2**20} MiB to\n{calibrate.WORKING_SET_FACTOR}× the last-level cache"
             in README)
+
+
+def test_the_cpu_prefill_growth_the_readme_names_is_labkit_s():
+    from labkit.model import CPU_PREFILL_GROWTH
+    flowed = " ".join(README.split())  # as a reader reads it, whatever the line breaks
+    assert f"on the CPU at {CPU_PREFILL_GROWTH:g} times what `labkit.roofline.activation_bytes` counts" in flowed
