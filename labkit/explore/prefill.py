@@ -53,11 +53,11 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
 
     Points timed on a busy machine are left out (`left_out` counts them): noisy ones (no second
     call confirmed the fastest) and disturbed ones (other programs kept the cores busy while they
-    were timed, which slows even the fastest call, a short prompt's more than a long one's: lesson 02 in the
-    browser on the 2-core EPYC VM with one core kept busy measured 7.5x the time for 8x the
-    tokens, a straight line where idle it bends). A conclusion drawn from those times
-    would teach the opposite of the lesson. So are GPU points whose working set could stay in the
-    L2 (`l2_resident`). With fewer than two clean points of different x, the ratios are None."""
+    were timed, which slows even the fastest call, a short prompt's more than a long one's: lesson
+    02 in the browser on the 2-core EPYC VM with one core kept busy measured 7.5x the time for 8x
+    the tokens, a straight line where idle it bends). A conclusion drawn from those times would
+    teach the opposite of the lesson. So are GPU points whose working set could stay in the L2
+    (`l2_resident`). With fewer than two clean points of different x, the ratios are None."""
     clean = sorted((rec for rec in records
                     if not rec.get("noisy") and not rec.get("disturbed") and not rec.get("l2_resident")),
                    key=lambda rec: rec[x_key])
