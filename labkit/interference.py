@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import backend, cpu_info, roofline, sweeps, timing
+from . import backend, cpu_info, sweeps, timing
 from .errors import LabError, whole_number
+from .kvcache import cache_footprint_bytes
 from .timing import HOST_BOUND_FRACTION, OTHERS_BUSY_LIMIT
 
 BEFORE_STEPS = 4  # decode steps before the prompt arrives: the streams' undisturbed ITL
@@ -153,7 +154,7 @@ def _caches(built, streams: int, context_tokens: int, capacity: int, prompt_toke
     random K/V) and the long request's own cache, in the model's compute dtype, refused before
     either is allocated unless both fit with the prefill of a `chunk`-token piece
     (`Llama.prefill_bytes`). The model's own cache is left alone."""
-    need = (sum(roofline.kv_cache_bytes(built.spec, tokens, rows, built.compute_dtype)
+    need = (sum(cache_footprint_bytes(built.spec, rows, tokens, built.compute_dtype)  # what make_cache checks
                 for rows, tokens in ((streams, capacity), (1, prompt_tokens)))
             + built.prefill_bytes(1, chunk))
     backend.check_fits(need, built.device.type, f"{streams} streams' caches of {capacity:,} tokens, a "

@@ -41,7 +41,7 @@ from .decode_paths import choose_decode_path
 from .dtypes import COMPUTE_DTYPES, torch_dtype, with_article
 from .errors import LabError
 from .graphed_prefill import GraphedPrefill
-from .kvcache import DecodePlan, KVCache
+from .kvcache import DecodePlan, KVCache, cache_footprint_bytes
 from .layer_math import rope_angles, rope_inverse_frequencies
 from .ops import TritonOps, choose_ops
 from .specs import ModelSpec, get_model
@@ -155,7 +155,7 @@ class Llama(nn.Module):
         """`setup_cache`'s check, allocating nothing: FootprintError unless the footprint (less the
         resident weights and the old cache, which `setup_cache` frees first) fits."""
         cache_dtype = cache_dtype or self.compute_dtype
-        need = (roofline.kv_cache_bytes(self.spec, max_tokens, batch, cache_dtype)
+        need = (cache_footprint_bytes(self.spec, batch, max_tokens, cache_dtype)
                 + self.prefill_bytes(batch, max_tokens if prefill_tokens is None else prefill_tokens)
                 - (self.cache.nbytes() if self.cache is not None else 0))
         backend.check_fits(need, self.device.type, f"{with_article(cache_dtype)} KV cache of {batch} x {max_tokens} "
