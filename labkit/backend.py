@@ -46,6 +46,12 @@ ENV_VAR = "LABKIT_DEVICE"
 # Fraction of free memory kept back by `check_fits`: the allocator's caching and fragmentation,
 # the CUDA context and the notebook's own tensors all need room beyond the formula's footprint.
 HEADROOM = 0.10
+# ...and on the CPU this much more, for what a measurement allocates that no footprint counts. Why:
+# choosing lab-cpu's decode path (numba's compiled kernels, loaded the first time in a process) made
+# it 69 MiB more resident beyond the 108 MiB its model check counted; under a 2 GiB cgroup with
+# 440 MiB free before a lesson loaded, the model passed its check and building it ended the kernel
+# (the OOM killer). Measured on the 2-core EPYC VM, 2026-12-06.
+CPU_WORKING_BYTES = 96 * 2**20
 INTERPRET_VAR = "TRITON_INTERPRET"  # "1": Triton kernels run in its interpreter; read when triton is imported
 # What a skipped Triton part says where `import triton` fails, as on a Mac or a Windows laptop.
 TRITON_MISSING = "Triton is not installed (no wheels for this platform)"
@@ -224,29 +230,37 @@ def total_memory_bytes(device) -> int:
 
 
 def check_fits(required_bytes: float, device, what: str) -> int:
-    """Raise FootprintError unless `required_bytes` fit in the device's free memory less
-    HEADROOM. Call it before allocating: an out-of-memory error mid-run can leave a notebook's
-    GPU unusable until restart. Returns the free bytes it compared against."""
+    """Raise FootprintError unless `required_bytes` fit in the device's free memory less its
+    headroom (`room_bytes`). Call it before allocating: an out-of-memory error mid-run can leave a
+    notebook's GPU unusable until restart, and a CPU kernel killed. Returns the free bytes it
+    compared against."""
     kind, _ = _kind_and_index(device)
     free = free_memory_bytes(device)
-    if required_bytes > free * (1 - HEADROOM) and kind == "cpu" and cpu_memory.hand_back():
+    if required_bytes > room_bytes(free, kind) and kind == "cpu" and cpu_memory.hand_back():
         # The memory this process freed and malloc keeps for its own reuse (`cpu_memory`) counts as
         # in use to the OS and a cgroup: hand it back before refusing. Lesson 07 under a 1 GiB limit
         # (QUICK, 2-core EPYC VM): its serving left 236 MiB kept; handed back, RSS 908 -> 667 MB.
         free = free_memory_bytes(device)
-    if required_bytes > free * (1 - HEADROOM):
+    if required_bytes > room_bytes(free, kind):
         limit = _binding_limit(free) if kind == "cpu" else None
         if limit is None:
             remedy = "lower batch or context"
-        elif required_bytes > limit[0] * (1 - HEADROOM):  # more than the whole limit: nothing to stop helps
+        elif required_bytes > room_bytes(limit[0], kind):  # more than the whole limit: nothing to stop helps
             remedy = f"that is more than this server's {format_bytes(limit[0])} memory limit allows; lower batch or context"
         else:
             remedy = (f"{format_bytes(limit[1])} of this server's {format_bytes(limit[0])} memory limit is in use, by "
                       "this kernel and any other still running: shut down the kernels of the lessons you have "
                       "finished (Kernel > Shut Down Kernel, or close their tabs), or lower batch or context")
+        kept = f"{HEADROOM:.0%} and {format_bytes(CPU_WORKING_BYTES)}" if kind == "cpu" else f"{HEADROOM:.0%}"
         raise FootprintError(f"{what} needs {format_bytes(required_bytes)} but {kind} has {format_bytes(free)} free "
-                             f"(keeping {HEADROOM:.0%} headroom); {remedy}")
+                             f"(keeping {kept} of headroom); {remedy}")
     return free
+
+
+def room_bytes(free: float, kind: str) -> float:
+    """What `check_fits` lets a run allocate out of `free` bytes on a device of `kind` ("cpu",
+    "cuda"): HEADROOM of it kept back, and CPU_WORKING_BYTES more on the CPU."""
+    return free * (1 - HEADROOM) - (CPU_WORKING_BYTES if kind == "cpu" else 0)
 
 
 def _binding_limit(free: int) -> tuple[int, int] | None:

@@ -157,17 +157,17 @@ def test_under_a_hubs_memory_limit_the_refusal_says_what_holds_the_memory_and_wh
         backend.check_fits(16 << 20, "cpu", "an fp32 KV cache of 1 x 4096 tokens for lab-cpu")
     assert str(caught.value) == (
         "an fp32 KV cache of 1 x 4096 tokens for lab-cpu needs 16 MiB but cpu has 12 MiB free (keeping 10% "
-        "headroom); 4.0 GiB of this server's 4.0 GiB memory limit is in use, by this kernel and any other still "
+        "and 96 MiB of headroom); 4.0 GiB of this server's 4.0 GiB memory limit is in use, by this kernel and any other still "
         "running: shut down the kernels of the lessons you have finished (Kernel > Shut Down Kernel, or close "
         "their tabs), or lower batch or context")
     with pytest.raises(FootprintError) as caught:  # more than the whole limit: no kernel to stop would help
         backend.check_fits(5 * GIB, "cpu", "a cache")
-    assert str(caught.value) == ("a cache needs 5.0 GiB but cpu has 12 MiB free (keeping 10% headroom); that is more "
+    assert str(caught.value) == ("a cache needs 5.0 GiB but cpu has 12 MiB free (keeping 10% and 96 MiB of headroom); that is more "
                                  "than this server's 4.0 GiB memory limit allows; lower batch or context")
     monkeypatch.setattr(backend, "_meminfo_bytes", lambda field: 10 << 20)  # the machine itself is the tighter
     with pytest.raises(FootprintError) as caught:
         backend.check_fits(16 << 20, "cpu", "a cache")
-    assert str(caught.value).endswith("needs 16 MiB but cpu has 10 MiB free (keeping 10% headroom); lower batch or context")
+    assert str(caught.value).endswith("needs 16 MiB but cpu has 10 MiB free (keeping 10% and 96 MiB of headroom); lower batch or context")
 
 
 def test_memory_malloc_kept_is_handed_back_before_a_refusal(monkeypatch):

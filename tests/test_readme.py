@@ -48,3 +48,12 @@ def test_the_cpu_prefill_growth_the_readme_names_is_labkit_s():
     from labkit.model import CPU_PREFILL_GROWTH
     flowed = " ".join(README.split())  # as a reader reads it, whatever the line breaks
     assert f"on the CPU at {CPU_PREFILL_GROWTH:g} times what `labkit.roofline.activation_bytes` counts" in flowed
+
+
+def test_the_memory_the_readme_says_the_cpu_keeps_back_and_an_import_takes_is_labkit_s():
+    from labkit.backend import CPU_WORKING_BYTES
+    from labkit.import_room import IMPORT_BYTES
+    from labkit.units import format_bytes
+    flowed = " ".join(README.split())
+    assert f"every check on the CPU keeps {format_bytes(CPU_WORKING_BYTES)} back for what no footprint counts" in flowed
+    assert f"before loading PyTorch (about {format_bytes(IMPORT_BYTES)}, `labkit.import_room`)" in flowed

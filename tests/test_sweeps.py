@@ -312,7 +312,7 @@ def test_a_chart_is_primed_only_with_the_batches_whose_cache_fits(monkeypatch):
     built = sweeps.get_built_model("lab-tiny", "cpu")
     built.setup_cache(2, 200, "fp32")
     per_row = roofline.kv_cache_bytes(built.spec, 200, 1, "fp32")
-    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 40 * per_row)  # 36 rows of room
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: int((36 * per_row + backend.CPU_WORKING_BYTES) / (1 - backend.HEADROOM)))  # 36 rows of room
     monkeypatch.setattr(built, "setup_cache", lambda *a, **k: pytest.fail("a cache was allocated"))
     assert sweeps.fitting_batches("lab-tiny", [1, 2, 16, 64, 4096], 199, "fp32", "cpu") == [1, 2, 16]
     monkeypatch.setattr(backend, "free_memory_bytes", lambda device: 0)
@@ -333,7 +333,7 @@ def test_a_prefill_into_a_cache_big_enough_is_still_checked_for_its_activations(
     need = built.prefill_bytes(1, 512)
     activations = roofline.activation_bytes(built.spec, 512, 1, "fp32")
     assert need == int(model.CPU_PREFILL_GROWTH * activations) + roofline.logits_bytes(built.spec, 1)
-    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: int(need / (1 - backend.HEADROOM)) - 1)
+    monkeypatch.setattr(backend, "free_memory_bytes", lambda device: int((need + backend.CPU_WORKING_BYTES) / (1 - backend.HEADROOM)) - 1)
     monkeypatch.setattr(built, "prefill", lambda *a, **k: pytest.fail("a prefill ran"))
     with pytest.raises(FootprintError, match=r"^a prefill of 1 x 512 tokens of lab-tiny \(its activations\) needs "):
         sweeps.measure_prefill("lab-tiny", prompt_tokens=512, device="cpu")

@@ -1,0 +1,65 @@
+"""labkit.import_room: under a memory limit with no room to load torch, `import labkit` refuses in
+one line (a notebook cell, the CLI), before torch loads, instead of the OOM killer ending a kernel."""
+import subprocess
+import sys
+
+import pytest
+
+from labkit import import_room
+from labkit.errors import FootprintError
+
+GIB, MIB = 2**30, 2**20
+ROOT = import_room.__file__.rsplit("/labkit/", 1)[0]
+
+
+def test_a_limit_with_less_free_than_the_import_takes_is_refused_naming_what_to_stop():
+    with pytest.raises(FootprintError) as caught:
+        import_room.check_room_to_import([(8 * GIB, GIB), (2 * GIB, 2 * GIB - 200 * MIB)])
+    assert str(caught.value) == (
+        "this server's 2.0 GiB memory limit has 200 MiB free, and loading PyTorch and the lab takes about 300 MiB; "
+        "1.8 GiB is in use, most often by the kernels of lessons still open: shut down those you have finished "
+        "(Kernel > Shut Down Kernel, or close their tabs), then run this again")
+    import_room.check_room_to_import([(2 * GIB, 2 * GIB - import_room.IMPORT_BYTES)])  # just enough
+    import_room.check_room_to_import([(2 * GIB, None), (1 << 62, 0)])  # usage unreadable; a huge limit
+    import_room.check_room_to_import([])  # no limits: nothing checked
+
+
+# A fresh process whose cgroup (read by labkit.cgroups) leaves 200 MiB of a 2 GiB limit free.
+FAKE_LIMIT = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("labkit.cgroups", {ROOT!r} + "/labkit/cgroups.py")
+cgroups = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cgroups)
+cgroups.memory_limits = lambda *args, **kwargs: [(2 << 30, (2 << 30) - (200 << 20))]
+sys.modules["labkit.cgroups"] = cgroups
+"""
+
+
+def run_fresh(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FAKE_LIMIT + code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+def test_a_lesson_cell_importing_labkit_shows_one_line_and_loads_no_torch():
+    pytest.importorskip("IPython")
+    done = run_fresh("from IPython.core.interactiveshell import InteractiveShell\n"
+                     "result = InteractiveShell.instance().run_cell('from labkit import backend, sweeps')\n"
+                     "print('torch loaded:', 'torch' in sys.modules, type(result.error_in_exec).__name__)\n")
+    shown = [line for line in done.stdout.splitlines() if line.strip()]
+    assert done.returncode == 0, done.stderr
+    assert len(shown) == 2 and shown[0].startswith("FootprintError: this server's 2.0 GiB memory limit has 200 MiB free")
+    assert shown[1] == "torch loaded: False FootprintError"
+
+
+def test_the_cli_says_it_in_one_line_and_exits_2():
+    """`python -m labkit ...` imports labkit before the CLI's own error handling exists."""
+    done = run_fresh("import runpy\nsys.argv = ['-m', 'models']\n"
+                     "runpy.run_module('labkit', run_name='__main__', alter_sys=True)\n")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("labkit: error: this server's 2.0 GiB memory limit has 200 MiB free")
+    assert done.stderr.count("\n") == 1
+
+
+def test_with_torch_loaded_first_there_is_nothing_left_to_refuse():
+    done = run_fresh("import torch, labkit\nprint('imported')\n")
+    assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr
