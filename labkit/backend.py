@@ -49,8 +49,8 @@ HEADROOM = 0.10
 # ...and on the CPU this much more, for what a measurement allocates that no footprint counts. Why:
 # choosing lab-cpu's decode path (numba's compiled kernels, loaded the first time in a process) made
 # it 69 MiB more resident beyond the 108 MiB its model check counted; under a 2 GiB cgroup with
-# 440 MiB free before a lesson loaded, the model passed its check and building it ended the kernel
-# (the OOM killer). Measured on the 2-core EPYC VM, 2026-12-06.
+# 440 MiB free before lesson 05 loaded, the model passed its check and the OOM killer ended the
+# kernel before the sweep's next check. Measured on the 2-core EPYC VM, 2026-12-06.
 CPU_WORKING_BYTES = 96 * 2**20
 INTERPRET_VAR = "TRITON_INTERPRET"  # "1": Triton kernels run in its interpreter; read when triton is imported
 # What a skipped Triton part says where `import triton` fails, as on a Mac or a Windows laptop.
