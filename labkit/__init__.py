@@ -41,13 +41,14 @@ if shutil.which("nvidia-smi") is None:
 
 # Under a memory limit with no room to load torch, the kernel's OOM killer would end this kernel or
 # another lesson's while torch loads: refuse in one line first (`import_room`). Once torch is loaded
-# (imported before labkit) there is nothing left to refuse.
-if "torch" not in sys.modules:
+# (imported before labkit), or where this process never loads it, there is nothing to refuse.
+from . import import_room as _import_room  # noqa: E402 (stdlib only)
+
+if "torch" not in sys.modules and _import_room.needs_torch():
     from .errors import FootprintError as _FootprintError  # noqa: E402
-    from .import_room import check_room_to_import as _check_room_to_import  # noqa: E402
 
     try:
-        _check_room_to_import()
+        _import_room.check_room_to_import()
     except _FootprintError as _refused:
         if sys.argv[:1] == ["-m"]:  # `python -m labkit ...` imports this first: the CLI's one line and exit code
             print(f"labkit: error: {_refused}", file=sys.stderr)

@@ -9,8 +9,11 @@ free, lesson 05 under papermill: "Kernel died"; at 300 MiB free it loaded and re
 one line. So `import labkit` refuses first, in one line that says what to shut down:
 
     check_room_to_import()   # FootprintError where a limit leaves less than IMPORT_BYTES free
+    needs_torch()            # False for `python -m labkit.launch` (`make lab`) and `labkit.update`
 """
 from __future__ import annotations
+
+import sys
 
 from . import cgroups
 from .errors import FootprintError
@@ -21,6 +24,9 @@ from .units import format_bytes
 # which a limit charges to whichever process reads them first. Measured on the 2-core EPYC VM,
 # VmRSS/RssAnon/RssFile of /proc/self/status before and after, 2026-12-06.
 IMPORT_BYTES = 300 * 2**20
+# Entry points that never load torch: `make lab`'s launcher (a hub's full cgroup must not keep a
+# learner from the server whose kernels they are told to shut down) and `make update`.
+TORCH_FREE_MODULES = ("labkit.launch", "labkit.update")
 
 
 def check_room_to_import(limits: list[tuple[int, int | None]] | None = None) -> None:
@@ -38,3 +44,11 @@ def check_room_to_import(limits: list[tuple[int, int | None]] | None = None) -> 
                 f"PyTorch and the lab takes about {format_bytes(IMPORT_BYTES)}; {format_bytes(used)} is in use, most "
                 "often by the kernels of lessons still open: shut down those you have finished (Kernel > Shut "
                 "Down Kernel, or close their tabs), then run this again")
+
+
+def needs_torch(argv: list[str] | None = None) -> bool:
+    """False where this process is `python -m` one of TORCH_FREE_MODULES (`argv`: the interpreter's
+    own command line, `sys.orig_argv`), else True."""
+    argv = list(getattr(sys, "orig_argv", []) if argv is None else argv)
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+    return module not in TORCH_FREE_MODULES

@@ -35,8 +35,10 @@ sys.modules["labkit.cgroups"] = cgroups
 """
 
 
-def run_fresh(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", FAKE_LIMIT + code], capture_output=True, text=True, cwd=ROOT,
+def run_fresh(code: str, limited: bool = True) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python, under the fake limit (or this machine's own)."""
+    prelude = FAKE_LIMIT if limited else "import sys\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
 
 
@@ -63,3 +65,15 @@ def test_the_cli_says_it_in_one_line_and_exits_2():
 def test_with_torch_loaded_first_there_is_nothing_left_to_refuse():
     done = run_fresh("import torch, labkit\nprint('imported')\n")
     assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr
+
+
+def test_the_launcher_and_the_updater_never_load_torch_so_nothing_is_refused_for_them():
+    """`make lab` (`python -m labkit.launch`) and `make update` run without torch: a full cgroup
+    must not keep a learner from the server whose kernels the refusal tells them to shut down."""
+    assert not import_room.needs_torch(["/venv/bin/python", "-m", "labkit.launch", "--port", "8888"])
+    assert not import_room.needs_torch(["python3", "-X", "dev", "-m", "labkit.update"])
+    assert import_room.needs_torch(["python", "-m", "labkit", "measure", "decode"])
+    assert import_room.needs_torch(["python", "-m", "ipykernel_launcher", "-f", "kernel.json"])
+    assert import_room.needs_torch(["python", "-c", "import labkit"]) and import_room.needs_torch(["python", "-m"])
+    code = "import labkit.launch, labkit.update\nprint('torch loaded:', 'torch' in sys.modules)\n"
+    assert run_fresh(code, limited=False).stdout.strip() == "torch loaded: False"  # what makes the exemption safe
