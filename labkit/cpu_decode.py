@@ -11,7 +11,7 @@ more than once. So here:
     `swiglu`: one call where numpy makes 4-8), or as numpy calls without numba (far cheaper per
     call than torch's; they are the fused kernels' references);
   * the 17 products run on weights prepared once (`cpu_linear`: numba's panel product wherever
-    there is AVX-512, up to 32 rows on Intel's CPUs and 64 on AMD's; past them, and without AVX-512,
+    there is AVX-512 or AVX2, up to 32 rows on Intel's CPUs and 64 on AMD's; past them, and without,
     MKL's packed weights on an Intel CPU, elsewhere numba's few-row kernels with oneDNN's packed
     weights from 8 rows; numpy's BLAS without numba), so the step reads each weight once whatever
     B is, as the roofline counts;

@@ -264,7 +264,10 @@ class _HandsFewRows:
 
     def _few_reason(self) -> str:
         """The reason's words for the rows handed over ("" where none are)."""
-        return f"; up to {self.few_rows} rows numba's products with the panel product (AVX-512)" if self.panels_enabled else ""
+        if not self.panels_enabled:
+            return ""
+        registers = "AVX-512" if cpu_kernels.wide_tiles() else "AVX2, 4-row tiles"
+        return f"; up to {self.few_rows} rows numba's products with the panel product ({registers})"
 
 
 class MklProducts(_HandsFewRows):
@@ -311,7 +314,7 @@ class MklProducts(_HandsFewRows):
 
 
 class Panels:
-    """numba's panel product (`cpu_kernels.panel_linear`) on a CPU with AVX-512 (`available`), for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first
+    """numba's panel product (`cpu_kernels.panel_linear`) on a CPU with AVX-512 or AVX2 (`available`), for `PANEL_MIN_ROWS` rows and more: each weight copied into panels on its first
     such product (its bytes again, kept across batch sizes; all the copies predicted against free
     memory before the first is made, and none made, saying why, where they would not fit), x
     padded with zero rows to a multiple of 4, the panels shared out on numba's pool. Where it is
@@ -325,9 +328,10 @@ class Panels:
     @staticmethod
     def available() -> tuple[bool, str]:
         """(does the panel product apply here?, why not): AVX-512's registers (timed on an Intel
-        Xeon, Emerald Rapids, and an AMD EPYC, Zen 5: `FEW_ROWS`, `ONEDNN_FEW_ROWS`)."""
+        Xeon, Emerald Rapids, and an AMD EPYC, Zen 5: `FEW_ROWS`, `ONEDNN_FEW_ROWS`), or AVX2's
+        with FMA, in 4-row tiles (`cpu_kernels.wide_tiles`; timed as AVX2 code on the Zen 5)."""
         if not cpu_kernels.panels_in_registers():
-            return False, "no AVX-512" if cpu_kernels.AVAILABLE else "numba is not installed"
+            return False, "no AVX-512 or AVX2" if cpu_kernels.AVAILABLE else "numba is not installed"
         return True, ""
 
     def takes(self, i: int, rows: int) -> bool:

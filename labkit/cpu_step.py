@@ -10,8 +10,8 @@ the 2-core Xeon VM (lab-cpu, S = 1,024, the median of 40 steps, each kernel brac
 took ~90 us right after the LM head against ~4 us on its own. Here the same kernels
 (`cpu_kernels`) run back to back inside one compiled function, so that time is gone.
 
-It applies where every product is the panel product (`cpu_linear.Panels`, a CPU with AVX-512,
-up to `cpu_linear.FEW_ROWS` or `ONEDNN_FEW_ROWS` rows), attention is numba's, every row has the same length
+It applies where every product is the panel product (`cpu_linear.Panels`, a CPU with AVX-512 or
+AVX2, up to `cpu_linear.FEW_ROWS` or `ONEDNN_FEW_ROWS` rows), attention is numba's, every row has the same length
 (static batching, the sweeps) and the cache stores fp32, bf16, fp16, fp8 or int8 — `CpuDecode`
 checks, and keeps its call-by-call step everywhere else, and while the breakdown's clock is hooked
 in (a single call has no parts to bracket).

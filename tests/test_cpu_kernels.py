@@ -95,6 +95,34 @@ def test_panel_linear_equals_its_reference(rows, out_features):
         np.testing.assert_array_equal(single, out[first:first + 4])
 
 
+@pytest.mark.parametrize("rows", [4, 8, 12, 32])
+@pytest.mark.parametrize("out_features", [16, 40, 257])
+def test_the_avx2_tiles_give_the_same_bits_as_the_avx512_ones(rows, out_features):
+    """With AVX2 (`wide_tiles` false) every panel is met by 4-row tiles only: on fresh random
+    inputs the reference's products, and the same bits as the wide tiles (each output sums its K
+    products in the same order), over two uneven shares of the panels."""
+    from labkit.cpu_kernels import panels as panel_module
+    x = rng(14).standard_normal((rows, 96), dtype=np.float32)
+    w = rng(15).standard_normal((out_features, 96), dtype=np.float32) * 96 ** -0.5
+    panels = cpu_kernels.pack_panels(w)
+    xt = np.ascontiguousarray(x.T)
+    narrow, wide = (np.full((rows, 16 * panels.shape[0]), np.nan, np.float32) for _ in range(2))
+    middle = panels.shape[0] // 3
+    for first, stop in ((0, middle), (middle, panels.shape[0])):
+        panel_module._panel_linear_t(xt, panels, narrow, first, stop, False)
+        panel_module._panel_linear_t(xt, panels, wide, first, stop, True)
+    assert_close(narrow[:, :out_features], cpu_kernels.few_rows_linear_reference(x, w), f"4-row tiles, {rows} rows")
+    np.testing.assert_array_equal(narrow, wide)
+
+
+def test_the_panel_product_is_chosen_with_avx512_or_avx2_and_fma_and_nowhere_else(monkeypatch):
+    from labkit.cpu_kernels import panels as panel_module
+    for features, registers, wide in (({"+avx512f", "+avx2", "+fma"}, True, True), ({"+avx2", "+fma"}, True, False),
+                                      ({"+avx2"}, False, False), ({"+neon"}, False, False), (set(), False, False)):
+        monkeypatch.setattr(panel_module, "host_features", lambda: frozenset(features))
+        assert (panel_module.panels_in_registers(), panel_module.wide_tiles()) == (registers, wide), features
+
+
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 11, 12, 13, 16])
 @pytest.mark.parametrize("out_features", [4, 10, 257])
 def test_linear_columns_and_on_cores_equal_the_reference(rows, out_features):

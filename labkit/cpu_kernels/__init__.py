@@ -2,7 +2,7 @@
 Triton kernels live. One idea per module, each kernel with its reference beside it:
 
   few_rows          few-row products that read each weight row once for all B rows (any CPU)
-  panels            the panel product: a weight repacked into 16-column panels, register tiles (AVX-512)
+  panels            the panel product: a weight repacked into 16-column panels, register tiles (AVX-512, AVX2)
   attention         decode attention over a cache read as stored, and its float64 reference
   attention_blocks  what it is built of: a stored value widened in registers, the G = 2 vector passes
   attention_int8    an int8 cache attended in integers (AVX512-VNNI)
@@ -25,7 +25,7 @@ from .attention import decode_attention_reference
 from .attention_blocks import PREFETCH_BYTES_AHEAD, VECTOR_HEAD_DIMS, widen_reference
 from .attention_int8 import INT8_DOT_HEAD_DIM, int8_in_integers
 from .few_rows import PREFETCH_WEIGHT_BYTES_AHEAD, few_rows_linear_reference
-from .panels import PANEL_COLUMNS, PANEL_PAIR_ROWS, PANEL_TILE_ROWS, pack_panels, panels_in_registers
+from .panels import PANEL_COLUMNS, PANEL_PAIR_ROWS, PANEL_TILE_ROWS, pack_panels, panels_in_registers, wide_tiles
 from .stores import ROUNDED_STORES
 
 if AVAILABLE:

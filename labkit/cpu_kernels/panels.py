@@ -1,14 +1,15 @@
-"""The panel product, on a CPU with AVX-512: a weight repacked once into panels of 16 output
-columns, each [K, 16] contiguous, multiplied by register tiles whose sums stay in vector
+"""The panel product, on a CPU with AVX-512 or AVX2: a weight repacked once into panels of 16
+output columns, each [K, 16] contiguous, multiplied by register tiles whose sums stay in vector
 registers for the whole K loop.
 
-What you learn here: with 32 vector registers of 16 fp32, a tile of 16 rows x 16 columns keeps
-all its sums in registers from k = 0 to K - 1 (no reduction across a vector's lanes at the end),
-one vector load of the panel's row k feeding one FMA per row of the tile. The tile asks for the
-panels ahead as it goes, so a weight that streams from memory (the LM head) keeps streaming while
-the tile multiplies, and it reads x transposed, so a tile's 16 values of x at each k lie side by
-side. The tile is written as LLVM IR (numba gives no vector types); `cpu_linear` chooses it where
-`panels_in_registers`.
+What you learn here: with 32 vector registers of 16 fp32 (AVX-512), a tile of 16 rows x 16 columns
+keeps all its sums in registers from k = 0 to K - 1 (no reduction across a vector's lanes at the
+end), one vector load of the panel's row k feeding one FMA per row of the tile. AVX2 has 16
+registers of 8 fp32: a row's 16 sums take two of them, so its tiles are 4 rows (8 registers of
+sums, 2 of the panel's row, 1 broadcast). The tile asks for the panels ahead as it goes, so a
+weight that streams from memory (the LM head) keeps streaming while the tile multiplies, and it
+reads x transposed, so a tile's values of x at each k lie side by side. The tile is written as
+LLVM IR (numba gives no vector types); `cpu_linear` chooses it where `panels_in_registers`.
 
 Shapes: x [B, K], B a multiple of 4 (callers pad with zero rows); panels [P, K, 16]
 (`pack_panels`); out [B, 16 P].
@@ -45,9 +46,21 @@ def pack_panels(w):
 
 
 def panels_in_registers() -> bool:
-    """Whether this CPU has AVX-512 (32 vector registers of 16 fp32), the registers `panel_linear`'s
-    16 x 16 tile is written for: elsewhere its sums spill to memory (AVX2 has 16 registers of 8),
-    so the panel product is chosen only here (`cpu_linear`); it is right everywhere (tested)."""
+    """Whether a panel tile's sums fit in this CPU's vector registers: AVX-512's 32 of 16 fp32
+    (every tile, `wide_tiles`) or AVX2's 16 of 8 with FMA (4-row tiles). Elsewhere (an ARM CPU's
+    NEON, an x86 without AVX2) the sums would spill to memory, so the panel product is chosen only
+    here (`cpu_linear`); it is right everywhere (tested)."""
+    features = host_features()
+    return "+avx512f" in features or {"+avx2", "+fma"} <= features
+
+
+def wide_tiles() -> bool:
+    """Whether the tiles of 8 and 16 rows and the two-panel tiles fit (AVX-512); with AVX2 only the
+    4-row tile does: 8 rows of a 16-column panel take all 16 of its registers for their sums alone.
+    lab-cpu's products on 2 cores, AVX2 code on the Zen 5 (numba's target haswell, AVX-512 hidden
+    from the lab; no AVX2-only CPU was at hand), fastest of 30: every tile 132-152 GFLOP/s at 8-32
+    rows, 4-row tiles only 223-241 (the calibrated AVX2 peak 257); the 49,152 x 256 head at 16 rows
+    2.76 -> 1.67 ms, where numba's 2 x 4 tile took 2.84 and oneDNN's packed weight 2.54."""
     return "+avx512f" in host_features()
 
 
@@ -133,11 +146,23 @@ if AVAILABLE:
     _panel_tile_16, _panel_tile_8, _panel_tile_4 = (_panel_tile_for(rows) for rows in PANEL_TILE_ROWS)
     _pair_tile_8, _pair_tile_4 = (_panel_tile_for(rows, 2) for rows in PANEL_PAIR_ROWS)
 
+    # Read once, when the kernels below compile: a constant in them (numba's cached builds are
+    # kept per CPU model and features, so a build never meets another CPU's registers).
+    WIDE_TILES = wide_tiles()
+
     @numba.njit(nogil=True, fastmath=True, cache=True)
-    def _panel_linear_t(xt, panels, out, first, stop):
-        """`panel_linear` for x given transposed, xt [K, B] C-contiguous."""
+    def _panel_linear_t(xt, panels, out, first, stop, wide):
+        """`panel_linear` for x given transposed, xt [K, B] C-contiguous; `wide`: every tile
+        (AVX-512), else 4-row tiles of one panel only (AVX2)."""
         B = xt.shape[1]
         panel = first
+        if not wide:
+            for panel in range(first, stop):  # the panel (16 KiB at K = 256) stays in L1 between tiles
+                row = 0
+                while row < B:
+                    _panel_tile_4(xt, row, panels, panel, stop - 1, out)
+                    row += 4
+            return
         while B >= PANEL_PAIR_ROWS[0] and panel + 2 <= stop:  # two panels a tile
             row = 0
             while row + 8 <= B:
@@ -163,15 +188,16 @@ if AVAILABLE:
         4 (callers pad x with zero rows), out [B, 16 P]: panels `first` .. `stop` - 1. From 8 rows
         on, two panels at a time, met by tiles of 8 rows and one of 4 as the rest needs (`PANEL_PAIR_ROWS`);
         below 8 rows, and for an odd last panel, one panel at a time, met by tiles of 16 rows, then
-        one of 8 and one of 4. The panels (16 KiB each at K = 256) stay in L1 between the tiles.
-        x, panels, out fp32 and C-contiguous.
+        one of 8 and one of 4; with AVX2 (`WIDE_TILES` false) one panel at a time met by 4-row tiles.
+        The panels (16 KiB each at K = 256) stay in L1 between the tiles. x, panels, out fp32 and
+        C-contiguous.
 
         The tile reads x transposed (a copy, [K, B]): its rows' x[b, k] are then adjacent, each
         broadcast a fixed offset from one pointer that moves once per k. Read in place, each row's
         address took a scalar add per FMA on the ports the FMAs use. One core, 16 or 32 rows, N = 2,048
         to 49,152 at K = 256: 158-177 GFLOP/s read in place, 175-190 transposed (the FMA peak ~218);
         lab-cpu's head at 32 rows on 2 cores 2.46 -> 2.14 ms (2-core Xeon VM)."""
-        _panel_linear_t(np.ascontiguousarray(x.T), panels, out, first, stop)
+        _panel_linear_t(np.ascontiguousarray(x.T), panels, out, first, stop, WIDE_TILES)
 
     @numba.njit(nogil=True, fastmath=True, parallel=True, cache=True)
     def panel_linear_on_cores(x, panels, out, parts):
@@ -189,6 +215,6 @@ if AVAILABLE:
         for p in numba.prange(parts):  # shares of whole pairs of panels; the last takes an odd one
             first = (P * p // parts) // 2 * 2
             stop = P if p == parts - 1 else (P * (p + 1) // parts) // 2 * 2
-            _panel_linear_t(xt, panels, out, first, stop)
+            _panel_linear_t(xt, panels, out, first, stop, WIDE_TILES)
 
     keep_builds_current(globals())
