@@ -3,7 +3,6 @@ measurement, a Llama-shaped model, sweeps and views. The core imports without Ju
 packages (a GPU image has only torch, triton and numpy); `labkit.views` needs plotly/ipywidgets."""
 import os
 import shutil
-import sys
 
 # CPU timing: torch's OpenMP threads spin after each op by default, and fight numpy's BLAS threads
 # (the CPU path's decode matmuls) for the same cores: decode steps ran 1.5x slower here. It must be
@@ -40,17 +39,8 @@ if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Under a memory limit with no room to load torch, the kernel's OOM killer would end this kernel or
-# another lesson's while torch loads: refuse in one line first (`import_room`). Once torch is loaded
-# (imported before labkit), or where this process never loads it, there is nothing to refuse.
-from . import import_room as _import_room  # noqa: E402 (stdlib only)
+# another lesson's while torch loads: the first `import torch` refuses in one line first
+# (`import_room`). Once torch is loaded (imported before labkit) there is nothing left to refuse.
+from .import_room import check_before_torch_loads as _check_before_torch_loads  # noqa: E402 (stdlib only)
 
-if "torch" not in sys.modules and _import_room.needs_torch():
-    from .errors import FootprintError as _FootprintError  # noqa: E402
-
-    try:
-        _import_room.check_room_to_import()
-    except _FootprintError as _refused:
-        if sys.argv[:1] == ["-m"]:  # `python -m labkit ...` imports this first: the CLI's one line and exit code
-            print(f"labkit: error: {_refused}", file=sys.stderr)
-            raise SystemExit(2) from None
-        raise
+_check_before_torch_loads()

@@ -1,4 +1,4 @@
-"""Whether a memory limit leaves room to load PyTorch: checked on `import labkit`, before torch.
+"""Whether a memory limit leaves room to load PyTorch: checked the moment torch is first imported.
 
 Stdlib only. Why it exists: under a hub's per-learner memory limit every lesson a learner leaves
 open keeps its own kernel, and a new lesson's first import (torch, numba and the lab) is memory no
@@ -6,10 +6,14 @@ footprint check sees. Where the limit had no room for it, the kernel's OOM kille
 the new one, or an older lesson's ("The kernel for 01_two_phases.ipynb appears to have died").
 Measured on the 2-core EPYC VM (2026-12-06): a cgroup of 2 GiB, other processes leaving 200 MiB
 free, lesson 05 under papermill: "Kernel died"; at 300 MiB free it loaded and refused its model in
-one line. So `import labkit` refuses first, in one line that says what to shut down:
+one line. So the import of torch is refused first, in one line that says what to shut down:
 
-    check_room_to_import()   # FootprintError where a limit leaves less than IMPORT_BYTES free
-    needs_torch()            # False for `python -m labkit.launch` (`make lab`) and `labkit.update`
+    check_before_torch_loads()   # `import labkit` calls it: the first `import torch` checks
+    check_room_to_import()       # FootprintError where a limit leaves less than IMPORT_BYTES free
+
+Only torch's import is checked, so what never loads torch runs under any limit: lesson 08 (the
+formulas and the quiz), `make lab`'s launcher (the server where a learner shuts kernels down), and
+`make update`. A refused import can be run again: the check stays until torch has loaded.
 """
 from __future__ import annotations
 
@@ -24,9 +28,6 @@ from .units import format_bytes
 # which a limit charges to whichever process reads them first. Measured on the 2-core EPYC VM,
 # VmRSS/RssAnon/RssFile of /proc/self/status before and after, 2026-12-06.
 IMPORT_BYTES = 300 * 2**20
-# Entry points that never load torch: `make lab`'s launcher (a hub's full cgroup must not keep a
-# learner from the server whose kernels they are told to shut down) and `make update`.
-TORCH_FREE_MODULES = ("labkit.launch", "labkit.update")
 
 
 def check_room_to_import(limits: list[tuple[int, int | None]] | None = None) -> None:
@@ -46,9 +47,43 @@ def check_room_to_import(limits: list[tuple[int, int | None]] | None = None) -> 
                 "Down Kernel, or close their tabs), then run this again")
 
 
-def needs_torch(argv: list[str] | None = None) -> bool:
-    """False where this process is `python -m` one of TORCH_FREE_MODULES (`argv`: the interpreter's
-    own command line, `sys.orig_argv`), else True."""
-    argv = list(getattr(sys, "orig_argv", []) if argv is None else argv)
-    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
-    return module not in TORCH_FREE_MODULES
+class TorchImportCheck:
+    """A finder first on `sys.meta_path` that runs `check_room_to_import` when "torch" is imported
+    and finds nothing itself (the usual finders then load torch); it steps aside once a check has
+    passed. A refusal raised here is what the `import torch` statement raises."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "torch":
+            try:
+                check_room_to_import()
+            except FootprintError:
+                _one_line_when_uncaught()
+                raise
+            if cls in sys.meta_path:
+                sys.meta_path.remove(cls)
+        return None
+
+
+def check_before_torch_loads() -> None:
+    """Put `TorchImportCheck` first on `sys.meta_path`, unless torch has loaded already (nothing
+    left to refuse) or it is there."""
+    if "torch" not in sys.modules and TorchImportCheck not in sys.meta_path:
+        sys.meta_path.insert(0, TorchImportCheck)
+
+
+def _one_line_when_uncaught() -> None:
+    """Outside IPython (a script, `python -m labkit.warm`), show an uncaught refusal as its one
+    line, as the CLI and a notebook cell do (`errors.LabError`), and every other exception as
+    before. IPython shows it by `_render_traceback_` and never calls sys.excepthook for a cell."""
+    previous = sys.excepthook
+    if getattr(previous, "labkit_one_line", False):
+        return
+
+    def hook(kind, value, traceback):
+        if isinstance(value, FootprintError):
+            print(f"labkit: error: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+    hook.labkit_one_line = True
+    sys.excepthook = hook

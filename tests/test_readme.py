@@ -56,4 +56,4 @@ def test_the_memory_the_readme_says_the_cpu_keeps_back_and_an_import_takes_is_la
     from labkit.units import format_bytes
     flowed = " ".join(README.split())
     assert f"every check on the CPU keeps {format_bytes(CPU_WORKING_BYTES)} back for what no footprint counts" in flowed
-    assert f"before loading PyTorch (about {format_bytes(IMPORT_BYTES)}, `labkit.import_room`)" in flowed
+    assert f"(loading it takes about {format_bytes(IMPORT_BYTES)}, `labkit.import_room`)" in flowed
