@@ -57,10 +57,10 @@ def panels_in_registers() -> bool:
 def wide_tiles() -> bool:
     """Whether the tiles of 8 and 16 rows and the two-panel tiles fit (AVX-512); with AVX2 only the
     4-row tile does: 8 rows of a 16-column panel take all 16 of its registers for their sums alone.
-    lab-cpu's products on 2 cores, AVX2 code on the Zen 5 (numba's target haswell, AVX-512 hidden
-    from the lab; no AVX2-only CPU was at hand), fastest of 30: every tile 132-152 GFLOP/s at 8-32
-    rows, 4-row tiles only 223-241 (the calibrated AVX2 peak 257); the 49,152 x 256 head at 16 rows
-    2.76 -> 1.67 ms, where numba's 2 x 4 tile took 2.84 and oneDNN's packed weight 2.54."""
+    lab-cpu's head and gate/up products on 2 cores, AVX2 code on the Zen 5 (numba's target haswell,
+    AVX-512 hidden from the lab; no AVX2-only CPU was at hand), fastest of 30, at 8-32 rows: every
+    tile 132-152 GFLOP/s, 4-row tiles only 223-241 (the calibrated AVX2 peak 257); the 49,152 x 256
+    head at 16 rows 2.76 -> 1.67 ms, where numba's 2 x 4 tile took 2.84 and oneDNN's packed weight 2.54."""
     return "+avx512f" in host_features()
 
 
