@@ -49,12 +49,13 @@ def check_room_to_import(limits: list[tuple[int, int | None]] | None = None) -> 
 
 class TorchImportCheck:
     """A finder first on `sys.meta_path` that runs `check_room_to_import` when "torch" is imported
-    and finds nothing itself (the usual finders then load torch); it steps aside once a check has
-    passed. A refusal raised here is what the `import torch` statement raises."""
+    (not when a library only asks whether it is installed) and finds nothing itself (the usual
+    finders then load torch); it steps aside once a check has passed. A refusal raised here is what
+    the `import torch` statement raises."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name == "torch":
+        if name == "torch" and _importing():
             try:
                 check_room_to_import()
             except FootprintError:
@@ -63,6 +64,19 @@ class TorchImportCheck:
             if cls in sys.meta_path:
                 sys.meta_path.remove(cls)
         return None
+
+
+def _importing() -> bool:
+    """Whether this lookup is an import statement's (CPython's `_find_and_load` is on the stack),
+    not a library asking `importlib.util.find_spec("torch")` whether torch is installed, which
+    loads nothing and must get its answer. Where the stack says neither, an import is assumed."""
+    frame, seen = sys._getframe(1), []
+    while frame is not None and len(seen) < 8:
+        seen.append(frame.f_code.co_name)
+        frame = frame.f_back
+    if "_find_and_load" in seen or "_find_and_load_unlocked" in seen:
+        return True
+    return "find_spec" not in seen[1:]
 
 
 def check_before_torch_loads() -> None:

@@ -96,3 +96,13 @@ def test_a_script_shows_an_uncaught_refusal_as_one_line():
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("labkit: error: this server's 2.0 GiB memory limit has 200 MiB free")
     assert done.stderr.count("\n") == 1
+
+
+def test_asking_whether_torch_is_installed_is_answered_not_refused():
+    """A library's `importlib.util.find_spec("torch")` loads nothing: it gets torch's spec under a
+    full limit, and the import that follows is still refused."""
+    done = run_fresh("import importlib.util, labkit\nspec = importlib.util.find_spec('torch')\n"
+                     "print(spec is not None and spec.name)\n"
+                     "try:\n    import torch\nexcept Exception as error:\n    print(type(error).__name__)\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["torch", "FootprintError"]
