@@ -3,12 +3,14 @@ widget base (`LessonWidget`) and the predict-first widget, and the controls (sli
 progress bar, tables)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import html
 import json
 import math
 import numbers
 import os
+import threading
 
 from ._plotly import go, pio, widgets
 from ..errors import LabError
@@ -111,18 +113,33 @@ class LessonWidget:
     `busy`, when given, is shown while `compute` runs ("measuring" for a real measurement, which
     takes seconds). Controls with `continuous_update` fire only when released: each change may run
     a real measurement. Any error becomes one red line under the charts and the kernel lives on.
+
+    A change made in the browser is computed on the kernel's main thread, `COALESCE_S` later
+    (`on_control`). On the main thread: JupyterLab 4.4 and later send widget messages to a kernel
+    subshell, a thread of its own (ipykernel 7), where a measurement would run beside a cell's, and
+    where a CPU decode step ran slow (lab-cpu, B = 4 on the 2-core EPYC: 2x on a second thread of a
+    script; in JupyterLab, once lesson 04's slider had measured there, 1.5x for every later step of
+    that kernel, main thread too). Later: clicks made while a measurement ran (a toggle tried four ways, a slider
+    stepped with the arrow keys) arrive together when it ends, and only the newest values are
+    measured, not every step in turn. A change made in code (a test, a cell setting `.value`) is
+    computed before the assignment returns, as it always was.
     """
+
+    COALESCE_S = 0.05  # the changes queued behind a measurement all arrive within this (ms apart)
 
     def __init__(self, controls: dict, figures: list, compute, draw, describe=lambda result: "",
                  busy: str | None = None):
         self.controls, self.figures = controls, figures
         self.compute, self.draw, self.describe, self.busy = compute, draw, describe, busy
         self.result = None
+        self._home = _running_loop()  # the main thread's event loop in a kernel (a cell makes the widget)
+        self._home_thread = threading.get_ident()
+        self._pending = None  # the timer of a browser change not computed yet
         self.error = ErrorLine()
         for control in controls.values():
             if hasattr(control, "continuous_update"):
                 control.continuous_update = False
-            control.observe(self.on_change, names="value")
+            control.observe(self.on_control, names="value")
         # The controls wrap as whole widgets: two 420 px sliders and a toggle overflow a notebook's
         # ~960 px output, and unwrapped the toggle was squeezed until its own buttons broke a line.
         row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
@@ -131,10 +148,48 @@ class LessonWidget:
     def values(self) -> dict:
         return {name: control.value for name, control in self.controls.items()}
 
+    def setting(self) -> str:
+        """The controls' values as the learner reads them: "batch B = 16, context S = 1,024, cache bf16"."""
+        def one(name, control):
+            label, value = getattr(control, "description", "") or name, control.value
+            if isinstance(value, numbers.Number) and not isinstance(value, bool):
+                return f"{label} = {value:,}"
+            return f"{label} {value}"
+        return ", ".join(one(name, control) for name, control in self.controls.items())
+
+    def on_control(self, change):
+        """Every control's observer: a change sent by the browser goes to the main thread, waits
+        `COALESCE_S` there for those queued behind it (each restarts the wait), then `on_change` runs
+        once at the newest values; a change made in code, or outside a kernel, runs `on_change` now."""
+        if self._home is None or not _sent_by_browser(change["owner"], change["name"]):
+            self.on_change(change)
+            return
+        self.at_home(self._coalesce)
+
+    def at_home(self, call):
+        """Run `call()` on the thread that made this widget: now if this is it (or there is no
+        event loop to hand it to), else as soon as that thread's event loop is free (after the cell
+        it runs, if any: a measurement never runs beside another)."""
+        if self._home is None or threading.get_ident() == self._home_thread:
+            call()
+        else:
+            self._home.call_soon_threadsafe(call)
+
+    def _coalesce(self):
+        if self._pending is not None:
+            self._pending.cancel()
+        if self.busy:
+            self.error.status(f"{self.busy} {self.setting()} …")
+        self._pending = self._home.call_later(self.COALESCE_S, self._run_pending)
+
+    def _run_pending(self):
+        self._pending = None
+        self.on_change()
+
     def on_change(self, _change=None):
         """Control callback: compute once at the controls' values, draw, say what happened."""
         if self.busy:
-            self.error.status(f"{self.busy} {self.values()} …")
+            self.error.status(f"{self.busy} {self.setting()} …")
         with self.error.guard():
             self.result = self.compute(**self.values())
             self.draw(self.result)
@@ -162,6 +217,21 @@ class LessonWidget:
         self.widget.children = self.widget.children[:-1]
 
 
+def _running_loop():
+    """The event loop running this call (ipykernel's, inside a kernel), or None (a script, a test)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _sent_by_browser(control, name: str) -> bool:
+    """Whether `control.name` is changing because the browser said so: ipywidgets (8.1) applies a
+    front end's update under `_property_lock` holding the names it sets, and an assignment in code
+    holds none. tests/test_views.py pins this, so an ipywidgets that changes it fails there."""
+    return name in getattr(control, "_property_lock", {})
+
+
 class Predict(LessonWidget):
     """Predict first: the learner commits an estimate — a number in `unit`, or one of `options` —
     and only then does `reveal(estimate)` (one labkit call, a `predict.reveal_*` function) compute
@@ -184,7 +254,7 @@ class Predict(LessonWidget):
         self.widget = widgets.VBox([widgets.HTML(f"<b>Question.</b> {html.escape(question)}"),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
-        self.button.on_click(lambda _button: self.commit())
+        self.button.on_click(lambda _button: self.at_home(self.commit))
         if os.environ.get("LABKIT_AUTO_REVEAL") == "1":
             self.input.value = default if options else f"{default:g}"
             self.commit()
@@ -206,7 +276,10 @@ class Predict(LessonWidget):
         return value
 
     def commit(self):
-        """Lock the estimate, measure, reveal. A bad estimate leaves the widget open to try again."""
+        """Lock the estimate, measure, reveal. A bad estimate leaves the widget open to try again;
+        a commit after the first (a double click queued behind a cell) does nothing."""
+        if self.button.disabled:
+            return
         with self.error.guard():
             estimate = self.estimate()
             self.input.disabled = self.button.disabled = True

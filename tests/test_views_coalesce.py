@@ -1,0 +1,181 @@
+"""A change made in the browser is measured on the kernel's main thread, and changes a learner makes
+faster than the lab measures are measured once, at the newest values.
+
+JupyterLab 4.4 and later send widget messages to a kernel subshell (a thread of ipykernel 7's):
+`LessonWidget.on_control` hands them to the main thread's event loop, which waits a moment for the
+clicks queued behind a measurement and computes the newest values only. A change made in code is
+still computed before the assignment returns."""
+import asyncio
+import time
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from jupyter_client.manager import start_new_kernel  # noqa: E402
+
+from labkit import views  # noqa: E402
+
+
+def browser_update(control, value):
+    """What ipywidgets does with a front end's 'update' message (its `_handle_msg`)."""
+    control._handle_msg({"content": {"data": {"method": "update", "state": {"value": value}}}})
+
+
+def counting_widget(computed: list):
+    slider = views.int_slider("B", 1, 1, 64, 1)
+    return views.LessonWidget({"batch": slider}, [], lambda batch: computed.append(batch) or batch,
+                              draw=lambda result: None, describe=lambda result: f"measured B={result}",
+                              busy="measuring")
+
+
+def test_browser_changes_arriving_together_are_computed_once_at_the_newest_value():
+    computed = []
+
+    async def clicks():
+        widget = counting_widget(computed)  # made in a cell: the kernel's loop is running
+        for value in (2, 3, 4, 5):  # queued behind a measurement: handled back to back
+            browser_update(widget.controls["batch"], value)
+        assert computed == [] and "measuring B = 5 …" in widget.error.widget.value
+        await asyncio.sleep(4 * widget.COALESCE_S)
+        return widget
+
+    widget = asyncio.run(clicks())
+    assert computed == [5] and widget.error.widget.value.endswith("measured B=5</span>")
+
+
+def test_browser_changes_further_apart_than_the_wait_are_each_computed():
+    computed = []
+
+    async def clicks():
+        widget = counting_widget(computed)
+        for value in (2, 3):
+            browser_update(widget.controls["batch"], value)
+            await asyncio.sleep(4 * widget.COALESCE_S)
+
+    asyncio.run(clicks())
+    assert computed == [2, 3]
+
+
+def test_a_change_in_code_is_computed_before_the_assignment_returns():
+    computed = []
+
+    async def in_a_cell():  # a cell's code runs with the kernel's loop running, as here
+        widget = counting_widget(computed)
+        widget.controls["batch"].value = 7
+        assert computed == [7]
+        browser_update(widget.controls["batch"], 9)  # the pin `_sent_by_browser` relies on
+        assert computed == [7]
+        await asyncio.sleep(4 * widget.COALESCE_S)
+        assert computed == [7, 9]
+
+    asyncio.run(in_a_cell())
+    widget = counting_widget(computed)  # and with no loop at all (a script, a test)
+    browser_update(widget.controls["batch"], 8)
+    assert computed == [7, 9, 8]
+
+
+def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the_main_thread():
+    """ipykernel 7 as JupyterLab 4.6 drives it: widget updates sent to a subshell (their header
+    names it, and ipykernel routes a comm's messages to the subshell that last spoke on it), a 0.5 s
+    'measurement', five updates 0.1 s apart. Every measurement runs on the main thread; the first
+    is measured, the three that arrive during it are skipped, the newest is measured (one by one
+    they would take 2.5 s). A change sent while a cell runs is measured after the cell, not beside
+    it; so is a Predict commit clicked then."""
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        comm_id = run(client, (
+            "import threading, time\nfrom labkit import views\ncomputed, arrived = [], []\n"
+            "def measure(batch):\n"
+            "    computed.append((batch, threading.current_thread().name, time.monotonic()))\n"
+            "    time.sleep(0.5)\n"
+            "slider = views.int_slider('B', 1, 1, 64, 1)\n"
+            "slider.observe(lambda change: arrived.append(threading.current_thread().name), names='value')\n"
+            "widget = views.LessonWidget({'batch': slider}, [], measure, draw=lambda r: None)\n"
+            "print(slider.model_id)"))
+        subshell = subshell_of(client)
+        for value in (2, 3, 4, 5, 6):
+            send_update(client, comm_id, value, subshell)
+            time.sleep(0.1)
+        time.sleep(1.5)
+        assert run(client, "print([b for b, _, _ in computed], {t for _, t, _ in computed})") == "[2, 6] {'MainThread'}"
+        assert "subshell" in run(client, "print(arrived)"), "no update reached a subshell: this test tests nothing"
+
+        # a change sent while a cell runs: measured once the cell has ended
+        cell = client.execute("time.sleep(1.0); cell_ended = time.monotonic()")
+        time.sleep(0.3)
+        send_update(client, comm_id, 9, subshell)
+        time.sleep(2.0)
+        wait_idle(client, cell)
+        assert run(client, "print(computed[-1][:2], computed[-1][2] >= cell_ended)") == "(9, 'MainThread') True"
+
+        # a Predict commit clicked in the browser: its reveal (a measurement) on the main thread too.
+        # ipykernel sends a comm's messages where it last spoke: a button that spoke while a
+        # subshell's message was handled (set here by hand, as ipykernel 7.4 records it) gets its
+        # clicks on that subshell's thread
+        button_id = run(client, (
+            "revealed = []\n"
+            "def reveal(estimate):\n"
+            "    revealed.append(threading.current_thread().name)\n"
+            "    return {'question': 'q', 'rows': [], 'gap': ''}\n"
+            "ask = views.Predict('How long?', reveal, default=1.0, unit='ms')\n"
+            f"ask.input.value = '2'\nask.button.comm._reply_subshell_id = {subshell!r}\n"
+            "ask.button.on_click(lambda b: revealed.append('click on ' + threading.current_thread().name))\n"
+            "print(ask.button.model_id)"))
+        msg = client.session.msg("comm_msg", {"comm_id": button_id, "data": {
+            "method": "custom", "content": {"event": "click"}}})
+        msg["header"]["subshell_id"] = subshell
+        client.shell_channel.send(msg)
+        time.sleep(0.5)
+        seen = eval(run(client, "print(revealed)"))
+        clicked, reveals = [s for s in seen if s.startswith("click on ")], [s for s in seen if not s.startswith("click on ")]
+        assert clicked[0].startswith("click on subshell"), "the click did not reach a subshell: this tests nothing"
+        assert reveals == ["MainThread"] and run(client, "print(ask.error.last_error)") == "None"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def subshell_of(client) -> str:
+    """A new subshell of the kernel (JEP 91's create_subshell_request, as JupyterLab sends)."""
+    client.control_channel.send(client.session.msg("create_subshell_request", {}))
+    return client.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
+
+
+def send_update(client, comm_id: str, value, subshell: str):
+    msg = client.session.msg("comm_msg", {"comm_id": comm_id, "data": {
+        "method": "update", "state": {"value": value}, "buffer_paths": []}})
+    msg["header"]["subshell_id"] = subshell
+    client.shell_channel.send(msg)
+
+
+def wait_idle(client, msg_id: str):
+    while True:
+        msg = client.get_iopub_msg(timeout=60)
+        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"):
+            return
+
+
+def run(client, code: str) -> str:
+    """Run `code` in the kernel; its printed text (an error fails the test with its traceback)."""
+    msg_id = client.execute(code)
+    text = []
+    while True:
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            text.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            pytest.fail("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return "".join(text).strip()
+
+
+def test_the_status_line_names_each_control_as_its_label_reads():
+    widget = views.LessonWidget({"batch": views.int_slider("batch B", 16, 1, 64),
+                                 "context_tokens": views.int_slider("context S", 1024, 16, 4096),
+                                 "cache_dtype": views.toggle("cache", ["fp32", "bf16"], "bf16")},
+                                [], lambda **values: None, draw=lambda result: None)
+    assert widget.setting() == "batch B = 16, context S = 1,024, cache bf16"
