@@ -136,6 +136,28 @@ def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the
         manager.shutdown_kernel(now=True)
 
 
+def test_in_a_real_kernel_an_interrupted_browser_measurement_says_so_and_the_next_move_measures():
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        comm_id = run(client, (
+            "import time\nfrom labkit import views\nslider = views.int_slider('B', 1, 1, 64, 1)\n"
+            "widget = views.LessonWidget({'batch': slider}, [], lambda batch: time.sleep(2) or batch, "
+            "draw=lambda r: None, describe=lambda r: f'measured B={r}', busy='measuring')\n"
+            "print(slider.model_id)"))
+        subshell = subshell_of(client)
+        send_update(client, comm_id, 2, subshell)
+        time.sleep(0.8)
+        manager.interrupt_kernel()  # Kernel > Interrupt
+        time.sleep(0.5)
+        assert "interrupted: move a control to measure again" in run(client, "print(widget.error.widget.value)")
+        send_update(client, comm_id, 3, subshell)
+        time.sleep(2.5)
+        assert "measured B=3" in run(client, "print(widget.error.widget.value)")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def subshell_of(client) -> str:
     """A new subshell of the kernel (JEP 91's create_subshell_request, as JupyterLab sends)."""
     client.control_channel.send(client.session.msg("create_subshell_request", {}))

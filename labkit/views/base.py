@@ -10,6 +10,7 @@ import json
 import math
 import numbers
 import os
+import signal
 import threading
 
 from ._plotly import go, pio, widgets
@@ -183,8 +184,19 @@ class LessonWidget:
         self._pending = self._home.call_later(self.COALESCE_S, self._run_pending)
 
     def _run_pending(self):
+        """`on_change` from the event loop. Outside a message's handler ipykernel ignores SIGINT, so
+        Kernel > Interrupt would do nothing for the seconds a measurement takes: it is made to raise
+        here, as in a handler, and the status line says the measurement was interrupted."""
         self._pending = None
-        self.on_change()
+        on_main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGINT, signal.default_int_handler) if on_main else None
+        try:
+            self.on_change()
+        except KeyboardInterrupt:
+            self.error.status("interrupted: move a control to measure again")
+        finally:
+            if on_main:
+                signal.signal(signal.SIGINT, before)
 
     def on_change(self, _change=None):
         """Control callback: compute once at the controls' values, draw, say what happened."""
