@@ -6,6 +6,7 @@ JupyterLab 4.4 and later send widget messages to a kernel subshell (a thread of 
 clicks queued behind a measurement and computes the newest values only. A change made in code is
 still computed before the assignment returns."""
 import asyncio
+import threading
 import time
 
 import pytest
@@ -193,6 +194,24 @@ def run(client, code: str) -> str:
             pytest.fail("\n".join(msg["content"]["traceback"]))
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return "".join(text).strip()
+
+
+def test_a_change_made_in_code_on_another_thread_is_computed_on_the_widgets_thread():
+    """A subshell's console setting `.value`: measured on the main thread, once it is free."""
+    threads = []
+
+    async def in_a_cell():
+        widget = views.LessonWidget({"batch": views.int_slider("B", 1, 1, 64, 1)}, [],
+                                    lambda batch: threads.append((batch, threading.current_thread().name)),
+                                    draw=lambda result: None)
+        other = threading.Thread(target=lambda: setattr(widget.controls["batch"], "value", 11), name="subshell")
+        other.start()
+        other.join()
+        assert threads == []
+        await asyncio.sleep(0.05)
+        assert threads == [(11, threading.main_thread().name)]
+
+    asyncio.run(in_a_cell())
 
 
 def test_the_status_line_names_each_control_as_its_label_reads():

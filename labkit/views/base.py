@@ -161,11 +161,13 @@ class LessonWidget:
     def on_control(self, change):
         """Every control's observer: a change sent by the browser goes to the main thread, waits
         `COALESCE_S` there for those queued behind it (each restarts the wait), then `on_change` runs
-        once at the newest values; a change made in code, or outside a kernel, runs `on_change` now."""
-        if self._home is None or not _sent_by_browser(change["owner"], change["name"]):
-            self.on_change(change)
-            return
-        self.at_home(self._coalesce)
+        once at the newest values. A change made in code runs `on_change` on the main thread: now
+        from a cell (or outside a kernel), after the running cell from another thread (a subshell's
+        console)."""
+        if self._home is not None and _sent_by_browser(change["owner"], change["name"]):
+            self.at_home(self._coalesce)
+        else:
+            self.at_home(self.on_change)
 
     def at_home(self, call):
         """Run `call()` on the thread that made this widget: now if this is it (or there is no
