@@ -102,10 +102,13 @@ def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the
         assert run(client, "print([b for b, _, _ in computed], {t for _, t, _ in computed})") == "[2, 6] {'MainThread'}"
         assert "subshell" in run(client, "print(arrived)"), "no update reached a subshell: this test tests nothing"
 
-        # a change sent while a cell runs: measured once the cell has ended
-        cell = client.execute("time.sleep(1.0); cell_ended = time.monotonic()")
+        # a change sent while a cell runs: said at once, measured once the cell has ended
+        cell = client.execute("time.sleep(1.5); cell_ended = time.monotonic()")
         time.sleep(0.3)
         send_update(client, comm_id, 9, subshell)
+        time.sleep(0.3)
+        assert run(client, "print(widget.error.widget.value)", subshell) == (
+            "<span style='color:#555'>updating B = 9 once the running cell has finished …</span>")
         time.sleep(2.0)
         wait_idle(client, cell)
         assert run(client, "print(computed[-1][:2], computed[-1][2] >= cell_ended)") == "(9, 'MainThread') True"
@@ -180,9 +183,17 @@ def wait_idle(client, msg_id: str):
             return
 
 
-def run(client, code: str) -> str:
-    """Run `code` in the kernel; its printed text (an error fails the test with its traceback)."""
-    msg_id = client.execute(code)
+def run(client, code: str, subshell: str | None = None) -> str:
+    """Run `code` in the kernel (on `subshell`'s thread if given: while the main thread is busy);
+    its printed text (an error fails the test with its traceback)."""
+    if subshell is None:
+        msg_id = client.execute(code)
+    else:
+        msg = client.session.msg("execute_request", {"code": code, "silent": False, "store_history": False,
+                                                     "user_expressions": {}, "allow_stdin": False})
+        msg["header"]["subshell_id"] = subshell
+        client.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
     text = []
     while True:
         msg = client.get_iopub_msg(timeout=60)
