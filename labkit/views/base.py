@@ -118,12 +118,12 @@ class LessonWidget:
     A change made in the browser is computed on the kernel's main thread, `COALESCE_S` later
     (`on_control`). On the main thread: JupyterLab 4.4 and later send widget messages to a kernel
     subshell, a thread of its own (ipykernel 7), where a measurement would run beside a cell's, and
-    where a CPU decode step ran slow (lab-cpu, B = 4 on the 2-core EPYC: 2x on a second thread of a
-    script; in JupyterLab, once lesson 04's slider had measured there, 1.5x for every later step of
-    that kernel, main thread too). Later: clicks made while a measurement ran (a toggle tried four ways, a slider
-    stepped with the arrow keys) arrive together when it ends, and only the newest values are
-    measured, not every step in turn. A change made in code (a test, a cell setting `.value`) is
-    computed before the assignment returns, as it always was.
+    where a CPU decode step ran slow (lab-cpu, B = 4 on the 2-core EPYC: 2x on a second thread of
+    a script; in JupyterLab, once lesson 04's slider had measured there, 1.5x for every later step
+    of that kernel, main thread too). Later: clicks made while a measurement ran (a toggle tried
+    four ways, a slider stepped with the arrow keys) arrive together when it ends, and only the
+    newest values are measured, not every step in turn. A change made in a cell's code (a test, a
+    cell setting `.value`) is computed before the assignment returns, as it always was.
     """
 
     COALESCE_S = 0.05  # the changes queued behind a measurement all arrive within this (ms apart)
@@ -246,7 +246,7 @@ def _running_loop():
 def _sent_by_browser(control, name: str) -> bool:
     """Whether `control.name` is changing because the browser said so: ipywidgets (8.1) applies a
     front end's update under `_property_lock` holding the names it sets, and an assignment in code
-    holds none. tests/test_views.py pins this, so an ipywidgets that changes it fails there."""
+    holds none. tests/test_views_coalesce.py pins this, so an ipywidgets that changes it fails there."""
     return name in getattr(control, "_property_lock", {})
 
 
