@@ -225,6 +225,37 @@ def test_a_change_made_in_code_on_another_thread_is_computed_on_the_widgets_thre
     asyncio.run(in_a_cell())
 
 
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt  # what Kernel > Interrupt raises in a measurement
+
+
+def test_an_interrupted_measurement_says_so_and_the_interrupt_goes_on_to_the_cell():
+    widget = views.LessonWidget({"batch": views.int_slider("B", 1, 1, 64, 1)}, [], interrupted,
+                                draw=lambda result: None, busy="measuring")
+    with pytest.raises(KeyboardInterrupt):
+        widget.on_change()
+    assert "interrupted: move a control to measure again" in widget.error.widget.value
+
+
+def test_an_interrupted_reveal_leaves_the_estimate_open_to_commit_again():
+    calls = []
+
+    def reveal(estimate):
+        calls.append(estimate)
+        if len(calls) == 1:
+            interrupted()
+        return {"question": "q", "rows": [], "gap": "g"}
+
+    ask = views.Predict("How long?", reveal, default=1.0, unit="ms")
+    ask.input.value = "2"
+    with pytest.raises(KeyboardInterrupt):
+        ask.commit()
+    assert not ask.button.disabled and not ask.input.disabled
+    assert "interrupted: commit again to measure" in ask.error.widget.value
+    ask.commit()
+    assert calls == [2.0, 2.0] and ask.button.disabled and "<p>g</p>" in ask.answer.value
+
+
 def test_the_status_line_names_each_control_as_its_label_reads():
     widget = views.LessonWidget({"batch": views.int_slider("batch B", 16, 1, 64),
                                  "context_tokens": views.int_slider("context S", 1024, 16, 4096),

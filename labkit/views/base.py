@@ -199,19 +199,25 @@ class LessonWidget:
         try:
             self.on_change()
         except KeyboardInterrupt:
-            self.error.status("interrupted: move a control to measure again")
+            pass  # on_change said so in the status line; there is no cell to stop
         finally:
             if on_main:
                 signal.signal(signal.SIGINT, before)
 
     def on_change(self, _change=None):
-        """Control callback: compute once at the controls' values, draw, say what happened."""
+        """Control callback: compute once at the controls' values, draw, say what happened. An
+        interrupt (Kernel > Interrupt) is said in the status line, then raised on to whoever called
+        (a cell stops; ipykernel's handler or `_run_pending` takes it)."""
         if self.busy:
             self.error.status(f"{self.busy} {self.setting()} …")
-        with self.error.guard():
-            self.result = self.compute(**self.values())
-            self.draw(self.result)
-            self.error.status(self.describe(self.result))
+        try:
+            with self.error.guard():
+                self.result = self.compute(**self.values())
+                self.draw(self.result)
+                self.error.status(self.describe(self.result))
+        except KeyboardInterrupt:
+            self.error.status("interrupted: move a control to measure again")
+            raise
 
     def prime(self, settings: list[dict]):
         """Compute, then draw, a first few settings (with a progress bar), so a chart starts with
@@ -294,17 +300,23 @@ class Predict(LessonWidget):
         return value
 
     def commit(self):
-        """Lock the estimate, measure, reveal. A bad estimate leaves the widget open to try again;
-        a commit after the first (a double click queued behind a cell) does nothing."""
+        """Lock the estimate, measure, reveal. A bad estimate, or an interrupted measurement (Kernel >
+        Interrupt: said, then raised on), leaves the widget open to try again; a commit after the
+        first (a double click queued behind a cell) does nothing."""
         if self.button.disabled:
             return
-        with self.error.guard():
-            estimate = self.estimate()
-            self.input.disabled = self.button.disabled = True
-            self.error.status("measuring on this machine …")
-            self.result = self.compute(estimate)
-            self.draw(self.result)
-            self.error.status("")
+        try:
+            with self.error.guard():
+                estimate = self.estimate()
+                self.input.disabled = self.button.disabled = True
+                self.error.status("measuring on this machine …")
+                self.result = self.compute(estimate)
+                self.draw(self.result)
+                self.error.status("")
+        except KeyboardInterrupt:
+            self.input.disabled = self.button.disabled = False
+            self.error.status("interrupted: commit again to measure")
+            raise
         if self.error.last_error is not None and not self.answer.value:
             self.input.disabled = self.button.disabled = False
 
