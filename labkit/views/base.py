@@ -164,14 +164,14 @@ class LessonWidget:
         once at the newest values. A change made in code runs `on_change` on the main thread: now
         from a cell (or outside a kernel), after the running cell from another thread (a subshell's
         console)."""
-        if self._home is not None and threading.get_ident() != self._home_thread:
+        if self._home is None:  # outside a kernel: a script, a test
+            self.on_change(change)
+            return
+        if threading.get_ident() != self._home_thread:
             # Seen at once, though the main thread may be running a cell (a Run All still going):
             # a move that waits in silence reads as a slider that does nothing.
             self.error.status(f"{self.busy or 'updating'} {self.setting()} once the running cell has finished …")
-        if self._home is not None and _sent_by_browser(change["owner"], change["name"]):
-            self.at_home(self._coalesce)
-        else:
-            self.at_home(self.on_change)
+        self.at_home(self._coalesce if _sent_by_browser(change["owner"], change["name"]) else self.on_change)
 
     def at_home(self, call):
         """Run `call()` on the thread that made this widget: now if this is it (or there is no
