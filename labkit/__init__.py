@@ -14,6 +14,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # count in both copies: 10,000 spins (~0.1 ms) kept a step's hand-offs warm. Measured on a 2-core
 # EPYC VM, `measure decode --batch 1`: 4.0-4.2 ms asleep at once, 2.3-2.4 ms at 10,000 spins;
 # prefill (P = 1,024) unchanged at 76-84 ms; 100,000 spins and more slowed prefill to 96-116 ms.
+# The spins hold only while a libgomp copy runs no more threads than the machine has cores: past
+# that it spins a "throttled" count, which PASSIVE sets to 0. A second Python thread that calls a
+# numba parallel kernel gets a thread team of its own, more threads than cores, and from then on
+# every hand-off sleeps, in every thread of that copy while the team lives: lab-cpu's decode step
+# at B = 4 took 2.1-2.4 ms on a second thread against 1.0-1.6 ms on the main one, in the same runs
+# (2-core EPYC VM; with ACTIVE, whose throttled count is 1,000, 1.3-1.5 ms on both).
+# So the lab times every step on one thread (`views.base.LessonWidget` sends a slider's work to
+# the main thread), and keeps PASSIVE: other OpenMP runtimes (LLVM's on macOS, Intel's on
+# Windows) ignore GOMP_SPINCOUNT and would spin for good under ACTIVE.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 # The other way round: after each product numpy's OpenBLAS threads spin for up to 2^28 cycles
 # (~0.1 s) waiting for more, and keep the cores from torch's threads (prefill's SDPA and norms run

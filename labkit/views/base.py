@@ -120,7 +120,9 @@ class LessonWidget:
     subshell, a thread of its own (ipykernel 7), where a measurement would run beside a cell's, and
     where a CPU decode step ran slow (lab-cpu, B = 4 on the 2-core EPYC: 2x on a second thread of
     a script; in JupyterLab, once lesson 04's slider had measured there, 1.5x for every later step
-    of that kernel, main thread too). Later: clicks made while a measurement ran (a toggle tried
+    of that kernel, main thread too: numba's OpenMP runtime, given a second team of threads for
+    that thread, has more threads than cores and stops spinning between kernels, see
+    `labkit/__init__.py`). Later: clicks made while a measurement ran (a toggle tried
     four ways, a slider stepped with the arrow keys) arrive together when it ends, and only the
     newest values are measured, not every step in turn. A change made in a cell's code (a test, a
     cell setting `.value`) is computed before the assignment returns, as it always was.
