@@ -40,8 +40,35 @@ def test_batching_lab_redraws_on_release():
     bars = explore.batching_bars(sets, 12, step_time_s=affine)  # the status line follows the slider
     gains = [c / s for s, c in zip(bars["static"]["tokens_per_s"], bars["continuous"]["tokens_per_s"])]
     assert explore.batching_line(bars) == (f"simulated at max batch 12; continuous / static throughput: "
-                                           f"mix {gains[0]:.2f}x, backlog {gains[1]:.2f}x")
+                                           f"mix {gains[0]:.2f}x, backlog {gains[1]:.2f}x" + "".join(
+                                               f"; {name}: all {n} requests fit in one batch, so no seat is refilled and both use"
+                                               " their seats alike (continuous is faster only because finished sequences leave"
+                                               " its steps)" for name, n in (("mix", 12), ("backlog", 6))))
     assert explore.batching_line(bars) in html.unescape(lab.error.widget.value)
+
+
+def test_lesson_05s_what_to_look_for_holds_on_its_own_request_sets():
+    """Lesson 05's sentences under its batching chart, on the lesson's chapter-shapes set (a backlog):
+    static batching mostly loses utilisation as the limit grows; continuous keeps its seats busier
+    while requests wait; raising the limit empties its seats too (the drain); and from the limit
+    that holds every request the two policies' utilisations tie, which the status line says, while
+    continuous stays faster. A step time that grows with the batch, as measured ones do."""
+    rows = batching.as_backlog(workloads.chapter_mix(8, prompt_scale=sizes.CPU_SHAPE_SCALE))
+    n = len(rows)
+    util = {limit: batching.compare(rows, limit, affine) for limit in (2, 16, 32, n - 1, n, 2 * n)}
+    static = {limit: r["static"]["slot_utilisation"] for limit, r in util.items()}
+    continuous = {limit: r["continuous"]["slot_utilisation"] for limit, r in util.items()}
+    assert static[2] > static[16] > static[32]
+    assert continuous[16] > static[16] and continuous[32] > static[32]
+    assert continuous[2] > continuous[16] > continuous[32] > continuous[n - 1]
+    assert continuous[n - 1] > static[n - 1]  # one request still waits for a seat
+    for limit in (n, 2 * n):
+        assert continuous[limit] == pytest.approx(static[limit])
+        # ...and continuous still wins on time: its finished sequences leave the batch, static's ride along
+        assert util[limit]["throughput_ratio"] > 1.05
+        line = explore.batching_line(explore.batching_bars({"chapter shapes": rows}, limit, affine))
+        assert f"chapter shapes: all {n} requests fit in one batch" in line
+    assert "fit in one batch" not in explore.batching_line(explore.batching_bars({"chapter shapes": rows}, n - 1, affine))
 
 
 def test_split_lab_follows_the_dropdown_and_the_batch():

@@ -12,7 +12,8 @@ from ..units import machine_name, machine_of
 def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_s=None) -> dict:
     """Static and continuous batching on each request set: slot utilisation (%) and output
     throughput (tokens/s), as bar-chart lists in the order of `request_sets`."""
-    bars = {"sets": list(request_sets), "max_batch": max_batch}
+    bars = {"sets": list(request_sets), "max_batch": max_batch,
+            "requests": [len(rows) for rows in request_sets.values()]}
     for policy in ("static", "continuous"):
         bars[policy] = {"utilisation_pct": [], "tokens_per_s": [], "ttft_p50_s": []}
     for rows in request_sets.values():
@@ -26,10 +27,18 @@ def batching_bars(request_sets: dict, max_batch: int, step_time_s, prefill_time_
 
 def batching_line(bars: dict) -> str:
     """`batching_bars` in one line: the max batch and each set's continuous over static throughput,
-    "simulated at max batch 16; continuous / static throughput: chapter shapes 1.70x, ..."."""
+    "simulated at max batch 16; continuous / static throughput: chapter shapes 1.70x, ...", and
+    for a set whose every request fits in one batch, why their utilisations tie: with no request left
+    waiting there is no seat to refill (continuous still steps faster: `labkit.batching`'s static
+    batch carries its finished sequences as padding, continuous drops them)."""
     gains = ", ".join(f"{name} {continuous / static:.2f}x" for name, static, continuous in
                       zip(bars["sets"], bars["static"]["tokens_per_s"], bars["continuous"]["tokens_per_s"]))
-    return f"simulated at max batch {bars['max_batch']}; continuous / static throughput: {gains}"
+    line = f"simulated at max batch {bars['max_batch']}; continuous / static throughput: {gains}"
+    for name, requests in zip(bars["sets"], bars["requests"]):
+        if requests <= bars["max_batch"]:
+            line += (f"; {name}: all {requests:,} requests fit in one batch, so no seat is refilled and both"
+                     " use their seats alike (continuous is faster only because finished sequences leave its steps)")
+    return line
 
 
 def step_time_curves(records: list[dict], step_time_s, context_tokens: int, name: str) -> list[dict]:
