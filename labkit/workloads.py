@@ -87,12 +87,13 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
            "text changes with every question, so a prefix cache finds little to reuse.",
            ("chunked prefill", "more FLOP/s", "more bandwidth", "bigger batch")),
     _shape("classification", "Classification / extraction", 1000, 20, "prefill 75%+",
-           "The prompt is the work: buy FLOP/s, not bandwidth, and batch as deep as memory "
-           "allows since no one reads the output as it streams. Speculating on 20 tokens buys nothing.",
+           "Batch as deep as memory allows, since no one reads the output as it streams: batched, "
+           "the prompt is the work (alone, the few decode steps still take most of the time), so "
+           "buy FLOP/s, not bandwidth. Speculating on 20 tokens buys nothing.",
            ("more FLOP/s", "bigger batch")),
     _shape("agent", "Agent loop", 6000, 150, "prefill-heavy, and it repeats",
            "Each step sends the same tool definitions and history again, so caching that prefix "
-           "removes most of the prefill — the largest single saving for this shape.",
+           "removes most of each step's prefill, which is most of its time once steps are batched.",
            ("prefix caching", "chunked prefill"),
            steps=AGENT_STEPS, steps_source=f"{_LAB}; the chapter says 'x many steps'"),
     _shape("summarisation", "Long-document summarisation", 60000, 800, "prefill dominates, quadratically",

@@ -154,3 +154,20 @@ def test_where_peak_memory_cannot_be_read_every_point_says_why(monkeypatch, tmp_
     assert all(p["refused"].startswith("not measured: a CPU's peak memory is read from Linux's") for p in points)
     assert seen[-1] == (4, 4) and "peak_bytes" not in points[0]
     assert attention.peak_memory_unmeasurable("cuda") is None
+
+
+def test_lesson_03s_memory_sentences_hold_on_both_paths():
+    """Lesson 03 under its memory chart: naive grows with slope two, the fused kernel with slope
+    one (where it said 'barely moves', the fused peak grew 32x over the CPU sweep); the naive
+    prediction crosses the chart's limit before the long prompt; and with every query head of one
+    8B layer it needs terabytes there, more than any GPU preset holds."""
+    from labkit.specs import GPUS, get_model
+    for heads, head_dim, lengths, limit in ((2, 64, (512, 16384), 2**29), (32, 128, (1024, 65536), 80e9)):
+        grew = lengths[1] / lengths[0]
+        naive = [attention.footprint_bytes("naive", p, heads, head_dim, "fp32") for p in lengths]
+        flash = [attention.footprint_bytes("flash", p, heads, head_dim, "fp32") for p in lengths]
+        assert naive[1] / naive[0] == pytest.approx(grew ** 2) and flash[1] / flash[0] == pytest.approx(grew)
+        assert attention.footprint_bytes("naive", 120_000, heads, head_dim, "fp32") > limit
+    heads = get_model("llama-3.1-8b").n_heads
+    whole = attention.footprint_bytes("naive", 120_000, heads, 128, "bf16")
+    assert whole > 1e12 and whole > 10 * max(gpu.memory_bytes for gpu in GPUS.values())

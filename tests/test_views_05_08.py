@@ -39,11 +39,11 @@ def test_batching_lab_redraws_on_release():
     assert all(0 < u <= 100 for u in lab.figure.data[2].y)  # continuous utilisation
     bars = explore.batching_bars(sets, 12, step_time_s=affine)  # the status line follows the slider
     gains = [c / s for s, c in zip(bars["static"]["tokens_per_s"], bars["continuous"]["tokens_per_s"])]
+    fits = "".join(f"; {name}: all {n} requests fit in one batch, so no seat is refilled and both use their seats"
+                   " alike (continuous is faster only because finished sequences leave its steps)"
+                   for name, n in (("mix", 12), ("backlog", 6)))
     assert explore.batching_line(bars) == (f"simulated at max batch 12; continuous / static throughput: "
-                                           f"mix {gains[0]:.2f}x, backlog {gains[1]:.2f}x" + "".join(
-                                               f"; {name}: all {n} requests fit in one batch, so no seat is refilled and both use"
-                                               " their seats alike (continuous is faster only because finished sequences leave"
-                                               " its steps)" for name, n in (("mix", 12), ("backlog", 6))))
+                                           f"mix {gains[0]:.2f}x, backlog {gains[1]:.2f}x" + fits)
     assert explore.batching_line(bars) in html.unescape(lab.error.widget.value)
 
 
@@ -68,7 +68,8 @@ def test_lesson_05s_what_to_look_for_holds_on_its_own_request_sets():
         assert util[limit]["throughput_ratio"] > 1.05
         line = explore.batching_line(explore.batching_bars({"chapter shapes": rows}, limit, affine))
         assert f"chapter shapes: all {n} requests fit in one batch" in line
-    assert "fit in one batch" not in explore.batching_line(explore.batching_bars({"chapter shapes": rows}, n - 1, affine))
+    below = explore.batching_bars({"chapter shapes": rows}, n - 1, affine)
+    assert "fit in one batch" not in explore.batching_line(below)
 
 
 def test_split_lab_follows_the_dropdown_and_the_batch():
@@ -126,3 +127,13 @@ def test_scaled_shapes_keep_a_decode_phase_and_fit_the_cpu_model():
     shapes = explore.scaled_shapes(sizes.CPU_SHAPE_SCALE)
     limit = get_model("lab-cpu").max_context
     assert all(s["output_tokens"] >= 2 and s["prompt_tokens"] + s["output_tokens"] <= limit for s in shapes)
+
+
+def test_scaled_shapes_keep_each_shapes_balance_of_reading_and_writing():
+    """Lesson 07: dividing prompt and answer by 8 keeps each shape's decode steps per prompt token.
+    Dividing the answer's tokens (rounded, at least 2) left classification 1 step for 125 prompt
+    tokens where the full shape has 19 for 1,000: 0.42 of its balance."""
+    balance = explore.scaled_balance(sizes.CPU_SHAPE_SCALE)
+    assert set(balance) == set(workloads.WORKLOADS)
+    assert all(0.8 <= kept <= 1.15 for kept in balance.values()), balance
+    assert explore.scaled_balance(1) == pytest.approx({name: 1.0 for name in workloads.WORKLOADS})

@@ -130,3 +130,43 @@ def test_no_batch_reaches_an_impossible_share():
 
 def test_table_covers_every_shape():
     assert [row["workload"] for row in w.time_split_table(L8, H100)] == list(SHAPES)
+
+
+BATCHES = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256)
+
+
+def test_lesson_07s_split_depends_on_shape_batch_and_gpu_as_it_says():
+    """Lesson 07's sentences about its predicted chart, over the dropdown's presets and the batch
+    slider: alone on the H100 every shape spends more than half its time decoding; chat leans
+    furthest towards decode at every batch on every preset; the prefill share never falls as the
+    batch grows; and a preset with a higher ridge point never gives a shape a larger prefill share."""
+    from labkit import explore
+    model = get_model("llama-3.1-8b")
+    assert all(w.request_time_split(model, get_gpu("H100-SXM"), name)["decode_share"] > 0.5 for name in w.WORKLOADS)
+    gpus = sorted((get_gpu(name) for name in explore.split_gpus()),
+                  key=lambda g: g.peak_flops_per_s("bf16") / g.memory_bandwidth_bytes_per_s)
+    assert len(gpus) >= 6
+    for gpu in gpus:
+        shares = {name: [w.request_time_split(model, gpu, name, b)["prefill_share"] for b in BATCHES]
+                  for name in w.WORKLOADS}
+        for i in range(len(BATCHES)):
+            assert min(shares, key=lambda name: shares[name][i]) == "chat", (gpu.name, BATCHES[i])
+        for name, row in shares.items():
+            assert all(later >= earlier for earlier, later in zip(row, row[1:])), (gpu.name, name)
+    for name in w.WORKLOADS:
+        for b in (1, 8, 64, 256):
+            by_ridge = [w.request_time_split(model, gpu, name, b)["prefill_share"] for gpu in gpus]
+            assert all(higher <= lower + 1e-12 for lower, higher in zip(by_ridge, by_ridge[1:])), (name, b)
+
+
+def test_the_split_dropdown_offers_only_gpus_it_can_predict_on():
+    """The T4 has no bf16 peak: in lesson 07's dropdown it drew a red error and left the previous
+    GPU's bars standing."""
+    from labkit import explore
+    names = explore.split_gpus()
+    assert "T4" not in names and "H100-SXM" in names
+    with pytest.raises(SpecError, match="T4 has no bf16 peak"):
+        explore.predicted_split(get_model("llama-3.1-8b"), get_gpu("T4"), 1)
+    for name in names:
+        split = explore.predicted_split(get_model("llama-3.1-8b"), get_gpu(name), 256)
+        assert len(split["prefill_pct"]) == len(w.WORKLOADS)

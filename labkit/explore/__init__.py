@@ -26,5 +26,5 @@ from .points import (HOST_BOUND_NOTE, IN_TURN_LABEL, IN_TURN_PARTS, L2_RESIDENT_
 from .prefill import (attention_traffic, growth, growth_line, histogram, memory_series, prefill_cost_table,
                       prefill_split_prediction, prefill_terms, share_curves)
 from .serving import (batching_bars, batching_line, chunk_view, interference_bars, interference_rows,
-                      interference_series, lever_rows, measured_split, predicted_split, scaled_shapes, split_extremes,
-                      split_extremes_line, step_time_curves)
+                      interference_series, lever_rows, measured_split, predicted_split, scaled_balance, scaled_shapes,
+                      split_extremes, split_extremes_line, split_gpus, step_time_curves)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .. import batching, workloads
 from .. import roofline as r
-from ..specs import HardwareSpec, ModelSpec
+from ..errors import SpecError
+from ..specs import GPUS, HardwareSpec, ModelSpec
 from ..timing import busy_phrase
 from ..units import machine_name, machine_of
 
@@ -111,11 +112,33 @@ def _host_bound_chunks(summary: dict) -> str:
 
 # ---- lesson 07: where a request's time goes, by workload shape
 def scaled_shapes(scale: int = 1) -> list[dict]:
-    """The chapter's shapes with prompt and output divided by `scale` (outputs at least 2, so
-    every shape keeps a decode phase), in the chapter's order."""
+    """The chapter's shapes with the prompt and the answer's decode steps divided by `scale`, in
+    the chapter's order. What a shape's balance rests on is its decode steps per prompt token (the
+    first answer token comes from prefill, each later one costs a step), so the steps are what is
+    divided, rounded to whole steps and at least one: classification's 20-token answer (19 steps)
+    becomes 3 tokens (2 steps) at a scale of 8, where dividing the tokens made it 2 (1 step), and
+    left it less than half its decode work per prompt token."""
     return [{"name": w.name, "title": w.title, "steps": w.steps,
              "prompt_tokens": max(1, round(w.prompt_tokens / scale)),
-             "output_tokens": max(2, round(w.output_tokens / scale))} for w in workloads.WORKLOADS.values()]
+             "output_tokens": 1 + max(1, round((w.output_tokens - 1) / scale))} for w in workloads.WORKLOADS.values()]
+
+
+def scaled_balance(scale: int) -> dict[str, float]:
+    """Each scaled shape's decode steps per prompt token over the full-size shape's (1 = kept):
+    what rounding to whole steps leaves of the balance `scaled_shapes` keeps."""
+    full = {w.name: (w.output_tokens - 1) / w.prompt_tokens for w in workloads.WORKLOADS.values()}
+    return {s["name"]: (s["output_tokens"] - 1) / s["prompt_tokens"] / full[s["name"]] for s in scaled_shapes(scale)}
+
+
+def split_gpus(dtype: str = "bf16") -> list[str]:
+    """The GPU presets `predicted_split` can predict on, for its dropdown: those with a dense
+    `dtype` peak (the T4 has no bf16 path: its prediction would be an error, not a bar)."""
+    def has_peak(gpu: HardwareSpec) -> bool:
+        try:
+            return gpu.peak_flops_per_s(dtype) > 0
+        except SpecError:
+            return False
+    return [name for name, gpu in GPUS.items() if has_peak(gpu)]
 
 
 def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dict:
