@@ -121,7 +121,7 @@ QUESTIONS: dict[str, Question] = {
         0.08, "the prompt is sixteen times longer, but the attention term grows with its square",
         lambda: {KERNEL_COUNTING: _prefill_s(LONG, r.KERNEL) / _prefill_s(SHORT, r.KERNEL)}),
     "score_matrix_gb": Question(
-        "the bytes of one head's score matrix at 120,000 tokens in bf16", "GB",
+        "the size of one head's score matrix at 120,000 tokens in bf16", "GB",
         lambda: r.score_matrix_bytes(SCORES_TOKENS) / 1e9,
         _explain(lambda: f"{SCORES_TOKENS:,}² scores × 2 bytes = {r.score_matrix_bytes(SCORES_TOKENS) / 1e9:.1f} GB"),
         0.05, "the matrix is P × P scores, each two bytes in bf16; 1 GB = 1e9 bytes"),
@@ -131,10 +131,11 @@ QUESTIONS: dict[str, Question] = {
                          f"{r.CHAPTER_MFU:.0%} of {_setting()[1].bf16_flops_per_s:.3g} FLOP/s: "
                          f"{_prefill_s(STALL_PROMPT):.2f} s {CHAPTER_COUNTING}; "
                          f"{_prefill_s(STALL_PROMPT, r.KERNEL):.1f} s {KERNEL_COUNTING}, as lesson 06 counts"),
-        0.15, "at 50,000 tokens the attention term is larger than the linear one; divide by 40% of the peak",
+        0.15, "count both terms, 2NP and 4LP²d (as the chapter counts, attention is the larger at 50,000 "
+              "tokens); divide by 40% of the peak",
         lambda: {KERNEL_COUNTING: _prefill_s(STALL_PROMPT, r.KERNEL)}, accepts_others=True),
     "kv_kib_per_token": Question(
-        "the KV-cache bytes one token adds for Llama 3.1 8B in bf16", "KiB", _kv_kib,
+        "the size of the KV cache one token adds for Llama 3.1 8B in bf16", "KiB", _kv_kib,
         _explain(lambda: f"2 (K and V) × {_setting()[0].n_layers} layers × {_setting()[0].n_kv_heads} kv heads × "
                          f"{_setting()[0].head_dim} × 2 bytes = {r.kv_bytes_per_token(_setting()[0]):,} B = {_kv_kib():.0f} KiB"),
         0.02, "K and V, for every layer and every key/value head (not every query head); 1 KiB = 1,024 bytes"),
@@ -143,7 +144,10 @@ QUESTIONS: dict[str, Question] = {
         "x", _slowdown,
         _explain(lambda: f"(weights {r.weight_bytes(_setting()[0]) / 1e9:.2f} GB + cache "
                          f"{r.kv_cache_bytes(_setting()[0], CONTEXT, BATCH) / 1e9:.1f} GB) / weights = {_slowdown():.1f}"),
-        0.05, "every step reads all the weights once and every sequence's whole cache"),
+        0.05, "every step reads all the weights once and every sequence's whole cache",
+        lambda: {"counting only the weights a step streams (no embedding table), as lesson 04 also does":
+                 r.decode_bytes_per_step(_setting()[0], BATCH, CONTEXT, params="matmul")
+                 / r.weight_bytes(_setting()[0], params="matmul")}),
     "compute_bound_batch": Question(
         "the batch at which decode with 8-bit weights (bf16 arithmetic) reaches the ridge, short context",
         "sequences", lambda: r.decode_compute_bound_batch(_setting()[0], _setting()[1], weight_dtype="fp8"),
@@ -159,7 +163,8 @@ QUESTIONS: dict[str, Question] = {
     "chat_decode_pct": Question(
         "the share of a chat request's time (2,000 in, 300 out, alone on an H100) spent in decode", "%",
         _chat_decode_pct,
-        _explain(lambda: f"prefill ≈ 2NP / (40% peak); decode ≈ 299 steps × bytes per step / (75% bandwidth); "
+        _explain(lambda: "prefill ≈ (2NP + 4LP²d) / (40% peak); "
+                         f"decode ≈ 299 steps × bytes per step / (75% bandwidth); "
                          f"decode share = {_chat_decode_pct():.1f}%"),
         0.04, "time prefill at 40% of peak FLOP/s and each decode step as one read of weights and cache"),
     "static_utilisation_pct": Question(
@@ -272,8 +277,8 @@ CHOICES: dict[str, Choice] = {
                 f"above the ridge of {_ridge():,.0f}",
         {"memory (bandwidth-bound)": "one read of the weights serves every one of the 2,000 prompt tokens"}),
     "chunk_size": Choice(
-        "Streams decode while 50,000-token prompts arrive. Which chunk size keeps their gaps shortest "
-        "while the long prompt still finishes?",
+        "Streams decode while 50,000-token prompts arrive. Which chunk size keeps their gaps short "
+        "without making the long prompt's prefill take far longer than it would in one pass?",
         ("no chunking", f"{CHUNKS[1]:,} tokens", f"{CHUNKS[0]:,} tokens"),
         lambda: f"{_smallest_compute_bound_chunk(CHUNKS):,} tokens",
         lambda: f"a chunk bounds the stall each decode step waits for; a 2,048-token chunk still does "

@@ -86,3 +86,19 @@ def test_the_judgement_answers_follow_the_formulas():
     assert quiz.CHOICES["phase_prompt"].answer() == "arithmetic (compute-bound)"
     assert quiz.CHOICES["chunk_size"].answer() == "2,048 tokens"
     assert quiz.check_choice("nonsense", 1).startswith("unknown question")
+
+
+def test_lesson_04s_streamed_weights_count_is_told_apart_in_the_cache_read_question():
+    """Lesson 04 offers two counts of the weights a step reads (all 16.06 GB, or the 15.01 GB a step
+    streams): an answer from the second was 'not yet', 1.057x off, with a hint that did not say why."""
+    feedback = quiz.check("decode_slowdown", 5.58)
+    assert "counted differently" in feedback and "streams" in feedback
+    assert quiz.check("decode_slowdown", 5.28).startswith("decode_slowdown: right")
+
+
+def test_questions_ask_for_the_unit_they_check():
+    """'How many bytes ...' with a KiB check sent the literal answer, 131,072, to 'not yet'."""
+    for name, question in quiz.QUESTIONS.items():
+        for unit in ("bytes", "GB", "GiB", "KiB"):
+            if unit != question.unit and f"the {unit} " in question.ask:
+                pytest.fail(f"{name} asks for {unit} but checks {question.unit}: {question.ask}")
