@@ -173,9 +173,14 @@ def lesson_06() -> dict[str, str]:
     stall = r.compute_time_s(r.prefill_flops(model, prompt, counting=r.KERNEL), h100, "bf16", r.CHAPTER_MFU)
     chunks = -(-prompt // chunk)
     first_chunk = r.compute_time_s(r.prefill_flops(model, chunk, counting=r.KERNEL), h100, "bf16", r.CHAPTER_MFU)
+    # the last full chunk attends to every token cached before it: the longest of them
+    last_past = (prompt // chunk - 1) * chunk
+    last_chunk = r.compute_time_s(r.prefill_flops(model, chunk, counting=r.KERNEL, past_tokens=last_past),
+                                  h100, "bf16", r.CHAPTER_MFU)
     return {
         "prompt": fmt(prompt), "stall_s": fmt(stall, 1), "mfu_pct": fmt(100 * r.CHAPTER_MFU),
         "chunk": fmt(chunk), "chunks": fmt(chunks), "first_chunk_ms": fmt(1000 * first_chunk),
+        "last_chunk_ms": fmt(1000 * last_chunk), "last_over_first": fmt(last_chunk / first_chunk, 1),
     }
 
 
