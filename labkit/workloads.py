@@ -127,35 +127,36 @@ def _check_batch(batch) -> int:
 def decode_time_s(model: ModelSpec, hardware: HardwareSpec, prompt_tokens: int, output_tokens: int,
                   batch: int = CHAPTER_BATCH, mfu: float = CHAPTER_MFU,
                   bandwidth_efficiency: float = CHAPTER_BANDWIDTH_EFFICIENCY,
-                  counting: Counting = CHAPTER) -> float:
+                  counting: Counting = CHAPTER, dtype: str = "bf16") -> float:
     """The n - 1 decode passes after prefill, pass j reading a cache of P + j tokens per sequence,
-    each timed by `roofline.predicted_decode_step_s` at `batch`. Ignores sampling and the
-    scheduler; zero for a one-token answer (prefill produced it)."""
-    return sum(r.predicted_decode_step_s(model, batch, prompt_tokens + j, hardware, counting=counting,
-                                         mfu=mfu, bandwidth_efficiency=bandwidth_efficiency)
+    each timed by `roofline.predicted_decode_step_s` at `batch`, weights and cache in `dtype`.
+    Ignores sampling and the scheduler; zero for a one-token answer (prefill produced it)."""
+    return sum(r.predicted_decode_step_s(model, batch, prompt_tokens + j, hardware, dtype=dtype, cache_dtype=dtype,
+                                         counting=counting, mfu=mfu, bandwidth_efficiency=bandwidth_efficiency)
                for j in range(1, output_tokens))
 
 
 def request_time_split(model: ModelSpec, hardware: HardwareSpec, workload, batch: int = CHAPTER_BATCH,
                        mfu: float = CHAPTER_MFU, bandwidth_efficiency: float = CHAPTER_BANDWIDTH_EFFICIENCY,
-                       counting: Counting = CHAPTER) -> dict:
+                       counting: Counting = CHAPTER, dtype: str = "bf16") -> dict:
     """Prefill vs decode time of `workload` (a Workload or its name) served as `batch` identical
-    requests in lock-step, over all its steps. Keys carry units; `levers` are the workload's,
+    requests in lock-step, over all its steps, weights, activations and cache in `dtype` (fp16 on
+    a GPU without bf16, as the lab computes there). Keys carry units; `levers` are the workload's,
     `phase_levers` the chapter's fix list for whichever phase takes most of the time;
     `fits_in_memory` checks weights + the batch's full cache + prefill activations."""
     w = _as_workload(workload)
     batch = _check_batch(batch)
-    prefill_one = r.predicted_prefill_time_s(model, w.prompt_tokens, hardware, batch, counting=counting,
+    prefill_one = r.predicted_prefill_time_s(model, w.prompt_tokens, hardware, batch, dtype, counting=counting,
                                              mfu=mfu, bandwidth_efficiency=bandwidth_efficiency)
     decode_one = decode_time_s(model, hardware, w.prompt_tokens, w.output_tokens, batch, mfu,
-                               bandwidth_efficiency, counting)
+                               bandwidth_efficiency, counting, dtype)
     total = prefill_one + decode_one
-    footprint = r.memory_footprint_bytes(model, batch, w.prompt_tokens + w.output_tokens,
+    footprint = r.memory_footprint_bytes(model, batch, w.prompt_tokens + w.output_tokens, dtype, dtype,
                                          prefill_tokens=w.prompt_tokens)
     dominant = "prefill" if prefill_one >= decode_one else "decode"
     return {
         "workload": w.name, "prompt_tokens": w.prompt_tokens, "output_tokens": w.output_tokens,
-        "steps": w.steps, "batch": batch,
+        "steps": w.steps, "batch": batch, "dtype": dtype,
         "prefill_s": w.steps * prefill_one, "decode_s": w.steps * decode_one,
         "prefill_share": prefill_one / total, "decode_share": decode_one / total,
         "ttft_s": prefill_one,

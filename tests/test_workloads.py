@@ -141,32 +141,41 @@ def test_lesson_07s_split_depends_on_shape_batch_and_gpu_as_it_says():
     furthest towards decode at every batch on every preset; the prefill share never falls as the
     batch grows; and a preset with a higher ridge point never gives a shape a larger prefill share."""
     from labkit import explore
+    from labkit.specs import GPUS
     model = get_model("llama-3.1-8b")
     assert all(w.request_time_split(model, get_gpu("H100-SXM"), name)["decode_share"] > 0.5 for name in w.WORKLOADS)
-    gpus = sorted((get_gpu(name) for name in explore.split_gpus()),
-                  key=lambda g: g.peak_flops_per_s("bf16") / g.memory_bandwidth_bytes_per_s)
-    assert len(gpus) >= 6
+
+    def ridge(gpu):
+        return gpu.peak_flops_per_s(explore.split_dtype(gpu)) / gpu.memory_bandwidth_bytes_per_s
+    gpus = sorted(GPUS.values(), key=ridge)
+
+    def share(gpu, name, batch):
+        return w.request_time_split(model, gpu, name, batch, dtype=explore.split_dtype(gpu))["prefill_share"]
     for gpu in gpus:
-        shares = {name: [w.request_time_split(model, gpu, name, b)["prefill_share"] for b in BATCHES]
-                  for name in w.WORKLOADS}
+        shares = {name: [share(gpu, name, b) for b in BATCHES] for name in w.WORKLOADS}
         for i in range(len(BATCHES)):
             assert min(shares, key=lambda name: shares[name][i]) == "chat", (gpu.name, BATCHES[i])
         for name, row in shares.items():
             assert all(later >= earlier for earlier, later in zip(row, row[1:])), (gpu.name, name)
     for name in w.WORKLOADS:
         for b in (1, 8, 64, 256):
-            by_ridge = [w.request_time_split(model, gpu, name, b)["prefill_share"] for gpu in gpus]
+            by_ridge = [share(gpu, name, b) for gpu in gpus]
             assert all(higher <= lower + 1e-12 for lower, higher in zip(by_ridge, by_ridge[1:])), (name, b)
 
 
-def test_the_split_dropdown_offers_only_gpus_it_can_predict_on():
+def test_the_split_predicts_a_gpu_without_bf16_in_fp16_and_says_so():
     """The T4 has no bf16 peak: in lesson 07's dropdown it drew a red error and left the previous
-    GPU's bars standing."""
+    GPU's bars standing. The lab computes in fp16 there (`backend`), and so does the prediction."""
     from labkit import explore
-    names = explore.split_gpus()
-    assert "T4" not in names and "H100-SXM" in names
+    model, t4 = get_model("llama-3.1-8b"), get_gpu("T4")
     with pytest.raises(SpecError, match="T4 has no bf16 peak"):
-        explore.predicted_split(get_model("llama-3.1-8b"), get_gpu("T4"), 1)
-    for name in names:
-        split = explore.predicted_split(get_model("llama-3.1-8b"), get_gpu(name), 256)
-        assert len(split["prefill_pct"]) == len(w.WORKLOADS)
+        w.request_time_split(model, t4, "chat")
+    split = explore.predicted_split(model, t4, 1)
+    assert explore.split_dtype(t4) == "fp16" and "in fp16: the T4 has no bf16 path" in split["label"]
+    fp16 = w.request_time_split(model, t4, "chat", dtype="fp16")
+    assert fp16["prefill_s"] == pytest.approx(r.predicted_prefill_time_s(
+        model, 2000, t4, 1, "fp16", counting=r.CHAPTER, mfu=r.CHAPTER_MFU,
+        bandwidth_efficiency=r.CHAPTER_BANDWIDTH_EFFICIENCY))
+    assert split["prefill_pct"][0] == pytest.approx(100 * fp16["prefill_share"])
+    h100 = explore.predicted_split(model, get_gpu("H100-SXM"), 1)
+    assert "fp16" not in h100["label"] and explore.split_dtype(get_gpu("H100-SXM")) == "bf16"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import batching, workloads
 from .. import roofline as r
 from ..errors import SpecError
-from ..specs import GPUS, HardwareSpec, ModelSpec
+from ..specs import HardwareSpec, ModelSpec
 from ..timing import busy_phrase
 from ..units import machine_name, machine_of
 
@@ -130,21 +130,21 @@ def scaled_balance(scale: int) -> dict[str, float]:
     return {s["name"]: (s["output_tokens"] - 1) / s["prompt_tokens"] / full[s["name"]] for s in scaled_shapes(scale)}
 
 
-def split_gpus(dtype: str = "bf16") -> list[str]:
-    """The GPU presets `predicted_split` can predict on, for its dropdown: those with a dense
-    `dtype` peak (the T4 has no bf16 path: its prediction would be an error, not a bar)."""
-    def has_peak(gpu: HardwareSpec) -> bool:
-        try:
-            return gpu.peak_flops_per_s(dtype) > 0
-        except SpecError:
-            return False
-    return [name for name, gpu in GPUS.items() if has_peak(gpu)]
+def split_dtype(hardware: HardwareSpec) -> str:
+    """The dtype `predicted_split` computes in on `hardware`: bf16, or fp16 on a GPU without a bf16
+    path (the T4), as the lab itself computes there (`backend`)."""
+    try:
+        hardware.peak_flops_per_s("bf16")
+        return "bf16"
+    except SpecError:
+        return "fp16"
 
 
 def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dict:
     """`workloads.request_time_split` for every shape on `hardware` at `batch`: shares (%) and
     per-request times, as bar-chart lists."""
-    rows = workloads.time_split_table(model, hardware, batch)
+    dtype = split_dtype(hardware)
+    rows = workloads.time_split_table(model, hardware, batch, dtype=dtype)
     names = [workloads.get_workload(row["workload"]).title for row in rows]
     fits = [row["fits_in_memory"] for row in rows]
     too_big = [name for name, fit in zip(names, fits) if not fit]
@@ -155,7 +155,9 @@ def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dic
             "prefill_s": [row["prefill_s"] for row in rows], "decode_s": [row["decode_s"] for row in rows],
             "chapter": [row["chapter_split"] for row in rows], "fits": fits,
             "label": f"{model.name} on {hardware.name} (roofline, chapter counting, {r.CHAPTER_MFU:.0%} MFU, "
-                     f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth), batch {batch}",
+                     f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth"
+                     + ("" if dtype == "bf16" else f", in {dtype}: the {hardware.name} has no bf16 path")
+                     + f"), batch {batch}",
             "note": (f"at batch {batch}, {', '.join(too_big)} need more than the {hardware.name}'s "
                      f"{hardware.memory_bytes / 1e9:,.0f} GB (weights, every request's cache and the prefill's "
                      f"activations): their bars, drawn pale, show a batch that cannot run" if too_big else "")}
