@@ -1,5 +1,7 @@
 """What the measured-vs-predicted charts show about the roof: the chapter's planning line beside
 it, the tier it is drawn at and where the working set leaves a cache, and each point's fraction."""
+import dataclasses
+
 import pytest
 
 from labkit import explore
@@ -201,3 +203,42 @@ def test_a_chart_whose_points_beat_their_roof_says_so_and_why_under_its_title():
     assert fig.layout.title.subtitle.text == note
     views.set_measured(fig, explore.measured_series([under], "batch"))  # the note goes once no point beats its roof
     assert not fig.layout.title.subtitle.text
+
+
+def test_the_linear_only_line_uses_the_same_tiered_roof_as_the_prediction():
+    """Lesson 02's dashed line (attention left out) was timed at the DRAM's bandwidth while the solid
+    one used the working set's: on a CPU a short prompt drew the dashed line above the solid one,
+    a negative 'attention adds' band. Over lab-cpu's slider, the band is never negative."""
+    prompts = [64, 128, 256, 512, 1024, 2048, 4096]
+    # the weights (~60 MiB) read at the L3's 72 GB/s, not the DRAM's 30: short prompts memory-bound
+    fast = dataclasses.replace(FAST_L3_CPU, fp32_flops_per_s=2e12)
+    split = explore.prefill_split_prediction(LAB_CPU, fast, prompts, "fp32")
+    assert all(linear <= whole * (1 + 1e-12) for linear, whole in zip(split["linear_only_s"], split["predicted_time_s"]))
+    assert split["predicted_time_s"][-1] / split["linear_only_s"][-1] > 1.3  # the bend is still there
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_lesson_01s_what_to_look_for_holds_over_its_sliders(device):
+    """Lesson 01: predicted prefill time grows faster than the prompt over the whole slider (time per
+    token rises, once the arithmetic outlasts the weights' read); predicted decode step time grows far
+    more slowly than the batch, and all the way (it said 'barely moves' where it rose 2.45x by B = 16
+    on the 2-core EPYC's calibration)."""
+    from labkit import sizes
+    settings = sizes.lab_settings(device)
+    model, hardware = get_model(settings["model"]), (FAST_L3_CPU if device == "cpu" else H100)
+    low, high, step, _ = settings["prompt"]
+    prompts = list(range(low, high + 1, step))
+    prefill = explore.prefill_prediction(model, hardware, prompts, settings["dtype"])["predicted_time_s"]
+    # from where the arithmetic outlasts the weights' read: faster than the prompt; before it, flat-ish
+    flops = [r.prefill_flops(model, p, 1, r.KERNEL) for p in prompts]
+    first = next(i for i, (f, t) in enumerate(zip(flops, prefill)) if f / hardware.peak_flops_per_s(settings["dtype"]) >= t)
+    p0, t0 = prompts[first], prefill[first]
+    assert prefill[-1] / t0 > 1.2 * prompts[-1] / p0
+    assert all(t / t0 >= p / p0 for p, t in zip(prompts, prefill) if p >= 4 * p0)  # (the head, read once, blurs 2x)
+    assert first == 0 or prefill[first] / prefill[0] < prompts[first] / prompts[0]
+    low, high, _, _ = settings["batch"]
+    batches = list(range(low, high + 1))
+    decode = explore.decode_prediction(model, hardware, batches, settings["context"][3], settings["dtype"],
+                                       settings["cache_dtype"])["predicted_time_s"]
+    assert all(t / decode[0] < b / 2 for b, t in zip(batches, decode) if b >= 8)  # far more slowly than B
+    assert all(b > a for a, b in zip(decode, decode[1:]))

@@ -25,11 +25,15 @@ def share_curves(models: list[ModelSpec], prompts: list[int], counting: r.Counti
 def prefill_split_prediction(model: ModelSpec, hardware: HardwareSpec, prompts: list[int], dtype: str,
                              counting: r.Counting = r.KERNEL) -> dict:
     """Predicted prefill time with the attention term left out, and with it: the gap between
-    the two is the quadratic bend. Same roofline as `prefill_prediction` (efficiency 1)."""
-    cache = dtype if dtype in r.CACHE_DTYPES else "bf16"
-    linear = [r.roofline_time_s(r.prefill_linear_flops(model, p, 1, counting.params),
-                                r.prefill_bytes(model, p, 1, dtype, cache, counting.params), hardware, dtype)
-              for p in prompts]
+    the two is the quadratic bend. Same roofline as `prefill_prediction` (efficiency 1), the bytes
+    at the bandwidth of the pass's working set for both (`roofline.roof_at_working_set`): with the
+    linear term at the DRAM's, a short prompt on a CPU drew it above the prediction with attention
+    (lab-cpu, P = 64: 1.29 ms against 0.90), a negative attention band."""
+    def linear_only(p: int) -> float:
+        nbytes = r.prefill_bytes(model, p, 1, dtype, r.cache_dtype_for(dtype), counting.params)
+        return r.roofline_time_s(r.prefill_linear_flops(model, p, 1, counting.params), nbytes,
+                                 r.roof_at_working_set(hardware, nbytes), dtype)
+    linear = [linear_only(p) for p in prompts]
     return {"prompt_tokens": list(prompts), "linear_only_s": linear,
             "predicted_time_s": [r.predicted_prefill_time_s(model, p, hardware, 1, dtype, counting) for p in prompts]}
 
