@@ -104,7 +104,7 @@ def chapter_decode_choices(model: ModelSpec, hardware: HardwareSpec) -> list[dic
     return [
         {"figure": "tokens/s for one user", "assumption": f"{eff:.0%} of {hardware.memory_bandwidth_bytes_per_s / 1e12:.2f} TB/s",
          "recomputed": f"{alone:.1f} with {weights / 1e9:.2f} GB of weights; {rounded:.1f} with them rounded to {round(weights, -9) / 1e9:.0f} GB"},
-        {"figure": "batch where decode turns compute-bound", "assumption": "8-bit weights, bf16 arithmetic",
+        {"figure": "batch where decode turns compute-bound", "assumption": "not stated; one reading: 8-bit weights, bf16 arithmetic",
          "recomputed": f"{bf16:.0f} with bf16 weights (the ridge itself); {fp8:.0f} with 8-bit weights"},
         {"figure": "cache share at 2,000 tokens, batch 1", "assumption": "prefill's attention share",
          "recomputed": f"decode cache share {r.cache_share(model, 1, 2000):.1%}; "
