@@ -212,3 +212,13 @@ def test_a_point_over_its_calibrated_roof_and_far_under_its_moments_says_both():
     steady = dict(faster, moment_bandwidth_bytes_per_s=45e9, moment_roof_fraction=0.5 * 49.5 / 45)
     assert explore.moment_note(steady).endswith(": 0.55 of that roof, so this step itself falls short here "
                                                 "(`python -m labkit breakdown` shows which part)")
+
+
+def test_the_read_sizes_line_gives_what_lesson_04s_question_needs():
+    """Lesson 04 asks how a long context slows a CPU step without ever stating lab-cpu's sizes: the
+    line printed beside the calibration gives the streamed weights and the cache per token."""
+    line = explore.read_sizes_line(get_model("lab-cpu"), "fp32", "fp32")
+    lab_cpu = get_model("lab-cpu")
+    weights, per_token = r.weight_bytes(lab_cpu, "fp32", "matmul"), r.kv_bytes_per_token(lab_cpu, "fp32")
+    assert f"{weights / 1e6:,.0f} MB of fp32 weights" in line and f"{per_token / 1024:,.1f} KiB of fp32 cache" in line
+    assert "15.01 GB of bf16 weights" in explore.read_sizes_line(EIGHT_B, "bf16", "bf16")

@@ -16,8 +16,8 @@ The notebooks and views call `explore.<name>`: the names below.
 from __future__ import annotations
 
 from .decode import (batches_through_ridge, breakdown_bars, breakdown_line, breakdown_setting, cache_share_curves,
-                     chapter_decode_choices, context_prediction, decode_readout, regime_bands, throughput_prediction,
-                     throughput_series)
+                     chapter_decode_choices, context_prediction, decode_readout, read_sizes_line, regime_bands,
+                     throughput_prediction, throughput_series)
 from .phases import (decode_prediction, fix_lists, phase_points, prefill_prediction, roofline_curve, tier_marks,
                      with_plan_and_tiers)
 from .points import (HOST_BOUND_NOTE, IN_TURN_LABEL, IN_TURN_PARTS, L2_RESIDENT_NOTE, PLAN_LABEL, above_roof_note,

@@ -95,6 +95,17 @@ def cache_share_curves(model: ModelSpec, contexts: list[int], batches: list[int]
             for b in batches]
 
 
+def read_sizes_line(model: ModelSpec, dtype: str, cache_dtype: str) -> str:
+    """What one decode step of `model` reads, in one line: the weights a step streams and the cache
+    each token of context adds per sequence, so a learner can work out a step's read before the lab
+    measures it (lesson 04's questions on the CPU's small model, whose sizes no lesson states)."""
+    weights = r.weight_bytes(model, dtype, params="matmul")
+    per_token = r.kv_bytes_per_token(model, cache_dtype)
+    size = f"{weights / 1e9:.2f} GB" if weights >= 1e9 else f"{weights / 1e6:,.0f} MB"
+    return (f"{model.name}: a decode step streams {size} of {dtype} weights, and each token of "
+            f"context adds {per_token / 1024:,.1f} KiB of {cache_dtype} cache per sequence")
+
+
 def chapter_decode_choices(model: ModelSpec, hardware: HardwareSpec) -> list[dict]:
     """Three of the chapter's decode figures, each recomputed with the assumption it hides."""
     eff, weights = r.CHAPTER_BANDWIDTH_EFFICIENCY, r.weight_bytes(model)
