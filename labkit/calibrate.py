@@ -1,8 +1,9 @@
 """Measure this machine's own roofline: bandwidth by working set, and matmul peak per dtype.
 
 A datasheet says what a chip could do; the lab's CPU path needs to know what *this* machine
-does, and a GPU's datasheet peak is rarely reached. `calibrate` measures, in about 15 s on a
-2-core CPU and a few seconds on a GPU:
+does, and a GPU's datasheet peak is rarely reached. `calibrate` measures, in 5-15 s on a 2-core
+CPU (5 s on the 2-core EPYC VM with its 32 MiB L3, idle; more where a large L3 sends the working
+sets further, or a busy machine makes figures repeat) and a few seconds on a GPU:
 
   * the bandwidth roof by working set, on all cores: working sets from about 1 MiB to
     WORKING_SET_FACTOR x the last-level cache (`cpu_info.cpu_caches`; a GPU's L2), each read
@@ -448,7 +449,7 @@ def load_or_calibrate(device, refresh: bool = False, max_age_s: float = MAX_AGE_
     if kept and not refresh and _stale_info_reason(kept[1], kind, max_age_s) is None:
         return kept[0], {**kept[1], "cache_status": f"measured earlier in this process, not cached: {_noisy_text(kept[1])}"}
     if log:
-        log(f"labkit: calibrating {kind} ({why}); about {'15' if kind == 'cpu' else '5'} s")
+        log(f"labkit: calibrating {kind} ({why}); {'5 to 15' if kind == 'cpu' else 'about 5'} s")
     spec, info = calibrate(kind)
     if info["noisy"]:
         _UNCACHED[str(path)] = (spec, {**info, "cache_file": None})
