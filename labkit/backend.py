@@ -81,8 +81,10 @@ def choose_device(override: str | None = None) -> Backend:
     "cpu" or "cuda"; asking for CUDA on a machine without one raises LabError."""
     requested, source = _requested(override)
     if requested == "cuda" and not torch.cuda.is_available():
+        fix = (f"use cpu or unset {ENV_VAR}" if override is None
+               else "use the CPU (device cpu, or leave the device unset)")
         raise LabError(f"{source} asks for CUDA, but torch {torch.__version__} sees no CUDA device "
-                       f"(built for CUDA {torch.version.cuda or 'none'}); use cpu or unset {ENV_VAR}")
+                       f"(built for CUDA {torch.version.cuda or 'none'}); {fix}")
     if requested == "cpu":
         return Backend("cpu", f"{source}: using the CPU path (PyTorch)", "fp32")
     if not torch.cuda.is_available():
@@ -229,11 +231,11 @@ def total_memory_bytes(device) -> int:
     return min([_meminfo_bytes("MemTotal"), *(limit for limit, _ in cgroups.memory_limits())])
 
 
-def check_fits(required_bytes: float, device, what: str) -> int:
+def check_fits(required_bytes: float, device, what: str, remedy: str = "lower batch or context") -> int:
     """Raise FootprintError unless `required_bytes` fit in the device's free memory less its
     headroom (`room_bytes`). Call it before allocating: an out-of-memory error mid-run can leave a
     notebook's GPU unusable until restart, and a CPU kernel killed. Returns the free bytes it
-    compared against."""
+    compared against. `remedy`: what the user can lower (a model's weights: a smaller model)."""
     kind, _ = _kind_and_index(device)
     free = free_memory_bytes(device)
     if required_bytes > room_bytes(free, kind) and kind == "cpu" and cpu_memory.hand_back():
@@ -244,13 +246,13 @@ def check_fits(required_bytes: float, device, what: str) -> int:
     if required_bytes > room_bytes(free, kind):
         limit = _binding_limit(free) if kind == "cpu" else None
         if limit is None:
-            remedy = "lower batch or context"
+            pass
         elif required_bytes > room_bytes(limit[0], kind):  # more than the whole limit: nothing to stop helps
-            remedy = f"that is more than this server's {format_bytes(limit[0])} memory limit allows; lower batch or context"
+            remedy = f"that is more than this server's {format_bytes(limit[0])} memory limit allows; {remedy}"
         else:
             remedy = (f"{format_bytes(limit[1])} of this server's {format_bytes(limit[0])} memory limit is in use, by "
                       "this kernel and any other still running: shut down the kernels of the lessons you have "
-                      "finished (Kernel > Shut Down Kernel, or close their tabs), or lower batch or context")
+                      f"finished (Kernel > Shut Down Kernel, or close their tabs), or {remedy}")
         kept = f"{HEADROOM:.0%} and {format_bytes(CPU_WORKING_BYTES)}" if kind == "cpu" else f"{HEADROOM:.0%}"
         raise FootprintError(f"{what} needs {format_bytes(required_bytes)} but {kind} has {format_bytes(free)} free "
                              f"(keeping {kept} of headroom); {remedy}")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from . import backend, calibrate, cpu_info, roofline, sizes, sweeps
 from .errors import LabError
+from .model import check_weights_fit
 from .recordings import check_writable, write_recording
 from .specs import get_model
 from .timing import NOISY_SPREAD
@@ -55,10 +56,12 @@ def run_bench(device: str | None = None, out: str | Path = DEFAULT_OUT, model: s
     if not (isinstance(rounds, int) and not isinstance(rounds, bool) and 1 <= rounds <= sizes.MAX_BENCH_ROUNDS):
         raise LabError(f"rounds must be an integer in 1..{sizes.MAX_BENCH_ROUNDS}, got {rounds!r}")
     log = log or (lambda line: None)
-    check_writable(out)  # a minute of measuring that could not be kept would be lost
     here = backend.choose_device(device)
     settings = sizes.lab_settings(here.device)
-    spec = get_model(model or settings["model"])
+    spec = get_model(model or settings["model"])  # a bad name refused before the folder is made
+    # a model whose weights alone do not fit, refused before the calibration, not point by point after it
+    check_weights_fit(spec, here.compute_dtype, here.device)
+    check_writable(out)  # a minute of measuring that could not be kept would be lost
     steps = steps if steps is not None else bench_steps(here.device, settings["cache_dtype"])
     load_before, busy_from = _load_average(), cpu_info.load_snapshot()
     fresh, fresh_info = calibrate.load_or_calibrate(here.device, refresh=True, log=log)

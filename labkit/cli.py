@@ -28,15 +28,20 @@ from .units import format_bytes, format_rate, format_seconds
 
 MAX_BATCH = 4096
 COUNTINGS = {"chapter": roofline.CHAPTER, "kernel": roofline.KERNEL}
+DEFAULT_TOKENS = 2000  # predict's --prompt and --context: the chapter's chat-length prompt
+MIN_EFFICIENCY = 0.01  # --mfu, --bandwidth-efficiency: below 1 % a prediction is no longer a plan
 THIS = "this"  # --gpu this: the calibrated roofline of this machine
 
 
 # ---------------------------------------------------------------- predict
 def predict_prefill(args) -> dict:
     """Prefill of `batch` prompts of `prompt` tokens: FLOPs, bytes, time, bound."""
+    _only_for("prefill", args)
     model, counting = get_model(args.model), COUNTINGS[args.counting]
+    args.prompt = DEFAULT_TOKENS if args.prompt is None else args.prompt
     _in_range("--prompt", args.prompt, 1, model.max_context, model.name)
     _in_range("--batch", args.batch, 1, MAX_BATCH)
+    _efficiencies(args)
     hardware, dtypes = _hardware(args)
     p, b = args.prompt, args.batch
     flops = roofline.prefill_flops(model, p, b, counting)
@@ -57,9 +62,12 @@ def predict_prefill(args) -> dict:
 
 def predict_decode(args) -> dict:
     """One decode step of `batch` sequences with `context` cached tokens each."""
+    _only_for("decode", args)
     model, counting = get_model(args.model), COUNTINGS[args.counting]
+    args.context = DEFAULT_TOKENS if args.context is None else args.context
     _in_range("--context", args.context, 0, model.max_context, model.name)
     _in_range("--batch", args.batch, 1, MAX_BATCH)
+    _efficiencies(args)
     hardware, dtypes = _hardware(args)
     b, s, weight, cache = args.batch, args.context, dtypes["weight"], dtypes["cache"]
     flops = roofline.decode_flops_per_step(model, b, s, counting)
@@ -119,8 +127,6 @@ def _roof(flops, bytes_moved, hardware, dtype) -> dict:
 
 
 def _time_s(flops, bytes_moved, hardware, dtype, args) -> dict:
-    _in_fraction("--mfu", args.mfu)
-    _in_fraction("--bandwidth-efficiency", args.bandwidth_efficiency)
     return {"time_s": roofline.roofline_time_s(flops, bytes_moved, hardware, dtype, args.mfu,
                                                args.bandwidth_efficiency),
             "compute_time_s": roofline.compute_time_s(flops, hardware, dtype, args.mfu),
@@ -130,12 +136,36 @@ def _time_s(flops, bytes_moved, hardware, dtype, args) -> dict:
 def _in_range(flag: str, value: int, low: int, high: int, model_name: str | None = None):
     if not low <= value <= high:
         limit = f" (the max context of {model_name})" if model_name else ""
-        raise SpecError(f"{flag} must be in {low:,}..{high:,}{limit}, got {value:,}")
+        shown = f"{value:,}" if abs(value) < 10**30 else f"a number of {len(str(abs(value))):,} digits"
+        raise SpecError(f"{flag} must be in {low:,}..{high:,}{limit}, got {shown}")
 
 
-def _in_fraction(flag: str, value: float):
-    if not 0 < value <= 1:
-        raise SpecError(f"{flag} must be in (0, 1], got {value}")
+def _efficiencies(args):
+    """--mfu and --bandwidth-efficiency, checked before anything is measured or calibrated."""
+    for flag, value in (("--mfu", args.mfu), ("--bandwidth-efficiency", args.bandwidth_efficiency)):
+        if not MIN_EFFICIENCY <= value <= 1:  # (NaN fails too)
+            raise SpecError(f"{flag} must be in {MIN_EFFICIENCY}..1 (a fraction of the roof), got {value}")
+
+
+# Flags that belong to one phase: given to the other, they would be accepted and silently ignored.
+PHASE_FLAGS = {"prompt": ("--prompt", "prefill", "the prompt's tokens"),
+               "context": ("--context", "decode", "the tokens each sequence has cached")}
+
+
+def _only_for(phase: str, args, also: tuple = ()):
+    """Refuse a flag given for the other phase (`PHASE_FLAGS`), and any of `also`: (attribute, why)."""
+    for name, (flag, belongs, what) in PHASE_FLAGS.items():
+        if belongs != phase and getattr(args, name, None) is not None:
+            raise SpecError(f"{flag} ({what}) applies to {belongs}, not to {phase}")
+    for name, why in also:
+        if getattr(args, name, None) is not None:
+            raise SpecError(why)
+
+
+def _weights_fit(model, here):
+    """Refuse, before a calibration or a model is built, a model whose weights alone do not fit."""
+    from .model import check_weights_fit  # imports torch, as measure and breakdown do anyway
+    check_weights_fit(model, here.compute_dtype, here.device)
 
 
 # ---------------------------------------------------------------- presets, calibrate, measure
@@ -188,8 +218,11 @@ def run_measure(args) -> dict:
     here = backend.choose_device(args.device)
     settings = sizes.lab_settings(here.device)
     model = get_model(args.model or settings["model"])
+    _only_for(args.phase, args, (("cache_dtype", "--cache-dtype applies to decode: measure prefill writes its cache in "
+                                                  "the compute dtype"),) if args.phase == "prefill" else ())
     batch = settings["batch"][3] if args.batch is None else args.batch
     _in_range("--batch", batch, 1, MAX_BATCH)
+    _weights_fit(model, here)
     try:
         from . import sweeps  # the model and its kernels: only `measure` needs them
     except ModuleNotFoundError as err:
@@ -222,8 +255,10 @@ def run_breakdown(args) -> dict:
     here = backend.choose_device(args.device)
     settings = sizes.lab_settings(here.device)
     model = get_model(args.model or settings["model"])
+    _only_for(args.phase, args)
     batch = settings["batch"][3] if args.batch is None else args.batch
     _in_range("--batch", batch, 1, MAX_BATCH)
+    _weights_fit(model, here)
     from . import breakdown  # the model and its kernels: only `breakdown` and `measure` need them
     if args.phase == "prefill":
         prompt = settings["prompt"][3] if args.prompt is None else args.prompt
@@ -440,17 +475,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_predict_options(sub):
     sub.add_argument("--model", default="llama-3.1-8b", help="preset name or path to a config.json")
     sub.add_argument("--gpu", default="H100-SXM", help=f"preset name, or '{THIS}' for this machine's calibrated roofline")
-    sub.add_argument("--prompt", type=int, default=2000, help="prompt tokens P (prefill)")
-    sub.add_argument("--context", type=int, default=2000, help="cached tokens S per sequence (decode)")
+    sub.add_argument("--prompt", type=int, help=f"prompt tokens P (prefill; default {DEFAULT_TOKENS:,})")
+    sub.add_argument("--context", type=int, help=f"cached tokens S per sequence (decode; default {DEFAULT_TOKENS:,})")
     sub.add_argument("--batch", type=int, default=1, help=f"sequences B, 1..{MAX_BATCH}")
     sub.add_argument("--weight-dtype", choices=DTYPES, help="default bf16 (this machine: its compute dtype)")
     sub.add_argument("--cache-dtype", choices=roofline.CACHE_DTYPES, help="default as --weight-dtype")
     sub.add_argument("--compute-dtype", choices=DTYPES, help="whose peak applies; default as --weight-dtype")
     sub.add_argument("--counting", choices=tuple(COUNTINGS), default="chapter",
                      help="chapter: full P x P attention, all parameters; kernel: causal, matmul parameters")
-    sub.add_argument("--mfu", type=float, default=roofline.CHAPTER_MFU, help="fraction of peak FLOP/s, (0, 1]")
+    sub.add_argument("--mfu", type=float, default=roofline.CHAPTER_MFU, help=f"fraction of peak FLOP/s, {MIN_EFFICIENCY}..1")
     sub.add_argument("--bandwidth-efficiency", type=float, default=roofline.CHAPTER_BANDWIDTH_EFFICIENCY,
-                     help="fraction of memory bandwidth, (0, 1]")
+                     help=f"fraction of memory bandwidth, {MIN_EFFICIENCY}..1")
     sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 

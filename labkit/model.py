@@ -81,6 +81,13 @@ class Layer(nn.Module):
 
 
 # ------------------------------------------------------------------ the model
+def check_weights_fit(spec: ModelSpec, dtype: str, device: str):
+    """Refuse a model whose weights alone do not fit `device`, saying so: no batch or context
+    makes a model smaller than its weights (the whole footprint's message said to lower them)."""
+    backend.check_fits(roofline.weight_bytes(spec, dtype), device, f"{spec.name} (its weights alone, in {dtype})",
+                       "choose a smaller model (python -m labkit models)")
+
+
 class Llama(nn.Module):
     """A Llama decoder for `spec` with random weights and a KV cache for `batch` x `max_tokens`.
 
@@ -105,6 +112,7 @@ class Llama(nn.Module):
         self.memory_setting = cpu_memory.keep_freed_memory() if self.device.type == "cpu" else None
         max_tokens = max_tokens or min(spec.max_context, 4096)
         cache_dtype = cache_dtype or self.compute_dtype
+        check_weights_fit(spec, self.compute_dtype, self.device.type)
         backend.check_fits(roofline.memory_footprint_bytes(spec, batch, max_tokens, self.compute_dtype, cache_dtype),
                            self.device.type, f"{spec.name} in {self.compute_dtype} with {with_article(cache_dtype)} cache "
                            f"of {batch} x {max_tokens} tokens")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import stat
@@ -333,21 +334,40 @@ def model_from_config(path: str | Path) -> ModelSpec:
     hidden = config["hidden_size"]
     if not isinstance(heads, int) or not isinstance(hidden, int) or heads < 1:
         raise SpecError(f"config file {str(path)!r}: hidden_size and num_attention_heads must be positive integers")
+    name = config.get("_name_or_path")
     try:
         return ModelSpec(
-            name=str(config.get("_name_or_path") or path.stem), hidden_size=hidden,
+            name=name if isinstance(name, str) and name else path.stem, hidden_size=hidden,
             n_layers=config["num_hidden_layers"], n_heads=heads,
             n_kv_heads=config.get("num_key_value_heads", heads),
             head_dim=config.get("head_dim", hidden // heads),
             intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            rope_theta=float(config.get("rope_theta", 10000.0)),
-            norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            rope_theta=_positive_real(config, "rope_theta", 10000.0),
+            norm_eps=_positive_real(config, "rms_norm_eps", 1e-5),
             max_context=config.get("max_position_embeddings", 131072), source=str(path))
+    except SpecError as err:  # a field's check names the field: say which key of the file it came from
+        message = str(err)
+        for name, key in _CONFIG_KEYS.items():
+            message = re.sub(rf"\b{name}\b", key, message)
+        raise SpecError(f"config file {str(path)!r}: {message}") from None
     except (TypeError, ValueError, OverflowError) as err:  # OverflowError: float() of a huge integer
-        if isinstance(err, SpecError):
-            raise
         raise SpecError(f"config file {str(path)!r}: {err}") from None
+
+
+# ModelSpec's fields as a Hugging Face config.json names them, for error messages
+_CONFIG_KEYS = {"n_layers": "num_hidden_layers", "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
+                "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+                "max_context": "max_position_embeddings", "hidden_size": "hidden_size", "head_dim": "head_dim"}
+
+
+def _positive_real(config: dict, key: str, default: float) -> float:
+    """config[key] (or `default`) as a finite positive float; SpecError naming the key otherwise
+    (a null, a list, NaN or 1e999 were taken, or failed without saying which key)."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(f"{key} must be a finite positive number, got {value!r}")
+    return float(value)
 
 
 def _read_config_bytes(path: Path) -> bytes:

@@ -266,3 +266,16 @@ def test_a_lesson_explains_every_point_the_bench_would_bar():
     (`sweeps.with_moment` below roofline.FAR_FROM_ROOF), so its status line says why it fell short."""
     from labkit import roofline
     assert roofline.FAR_FROM_ROOF == bench.ROOF_TARGET
+
+
+def test_a_model_too_big_or_unknown_is_refused_before_the_calibration_and_the_folder(tmp_path, monkeypatch):
+    """bench --model llama-3.1-70b calibrated first, then skipped every point; a bad name made --out's
+    folder before it was refused."""
+    from labkit import bench, calibrate
+    from labkit.errors import FootprintError, SpecError
+    monkeypatch.setattr(calibrate, "load_or_calibrate", lambda *a, **k: pytest.fail("calibrated first"))
+    with pytest.raises(FootprintError, match=r"llama-3.1-405b \(its weights alone, in fp32\) needs .*smaller model"):
+        bench.run_bench("cpu", tmp_path / "a", "llama-3.1-405b")
+    with pytest.raises(SpecError, match="unknown model 'bogus'"):
+        bench.run_bench("cpu", tmp_path / "b", "bogus")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -184,8 +184,23 @@ BAD = [
     (["predict", "decode", "--context", "-1"], "--context must be in 0..131,072"),
     (["predict", "decode", "--batch", "0"], "--batch must be in 1..4,096"),
     (["predict", "decode", "--batch", "4097"], "--batch must be in 1..4,096"),
-    (["predict", "prefill", "--mfu", "0"], "--mfu must be in (0, 1]"),
-    (["predict", "decode", "--bandwidth-efficiency", "1.5"], "--bandwidth-efficiency must be in (0, 1]"),
+    (["predict", "prefill", "--mfu", "0"], "--mfu must be in 0.01..1"),
+    (["predict", "decode", "--bandwidth-efficiency", "1.5"], "--bandwidth-efficiency must be in 0.01..1"),
+    # a tiny fraction printed "time_s": Infinity, which is not JSON, and a time of 300 digits
+    (["predict", "prefill", "--mfu", "1e-320", "--json"], "--mfu must be in 0.01..1"),
+    (["predict", "decode", "--bandwidth-efficiency", "nan"], "--bandwidth-efficiency must be in 0.01..1"),
+    # checked before `--gpu this` calibrates (a measurement), not after it
+    (["predict", "prefill", "--gpu", "this", "--mfu", "0"], "--mfu must be in 0.01..1"),
+    # a flag of the other phase was accepted and ignored
+    (["predict", "decode", "--prompt", "-5"], "--prompt (the prompt's tokens) applies to prefill, not to decode"),
+    (["predict", "prefill", "--context", "99"], "--context (the tokens each sequence has cached) applies to decode"),
+    (["measure", "decode", "--prompt", "5"], "--prompt (the prompt's tokens) applies to prefill"),
+    (["breakdown", "prefill", "--context", "5"], "--context (the tokens each sequence has cached) applies to decode"),
+    (["measure", "prefill", "--cache-dtype", "fp8"], "--cache-dtype applies to decode"),
+    (["predict", "decode", "--batch", "9" * 50], "--batch must be in 1..4,096, got a number of 50 digits"),
+    # the weights alone: lowering batch or context cannot help (it said to)
+    (["measure", "decode", "--model", "llama-3.1-405b", "--device", "cpu", "--bracket"],
+     "llama-3.1-405b (its weights alone, in fp32) needs"),
     (["predict", "prefill", "--batch", "x"], "invalid int value: 'x'"),
     (["predict", "decode", "--cache-dtype", "fp4"], "invalid choice: 'fp4'"),
     (["predict", "prefill", "--gpu", "T4"], "T4 has no bf16 peak"),

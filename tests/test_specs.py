@@ -73,11 +73,19 @@ def test_hf_config_round_trip(tmp_path):
     ("[1, 2]", "must hold a JSON object"),
     ({"hidden_size": 64}, "lacks num_hidden_layers"),
     ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 2,
-      "intermediate_size": 8, "vocab_size": 10}, "multiple of n_kv_heads"),
+      "intermediate_size": 8, "vocab_size": 10}, "multiple of num_key_value_heads"),
     ({"hidden_size": "64", "num_hidden_layers": 2, "num_attention_heads": 4,
       "intermediate_size": 8, "vocab_size": 10}, "positive integers"),
     ({"hidden_size": 64, "num_hidden_layers": -1, "num_attention_heads": 4,
-      "intermediate_size": 8, "vocab_size": 10}, "n_layers must be a positive integer"),
+      "intermediate_size": 8, "vocab_size": 10}, "num_hidden_layers must be a positive integer"),
+    # the key named as the file names it (it said n_layers), and a float is not an integer
+    ({"hidden_size": 64, "num_hidden_layers": 4.0, "num_attention_heads": 4,
+      "intermediate_size": 8, "vocab_size": 10}, "num_hidden_layers must be a positive integer.*got 4.0"),
+    # a null or a list failed with "float() argument must be ..." naming no key; NaN and inf were taken
+    *[({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 8,
+        "vocab_size": 10, key: value}, f"{key} must be a finite positive number")
+      for key, value in (("rope_theta", None), ("rope_theta", [1]), ("rope_theta", float("nan")),
+                         ("rms_norm_eps", float("inf")), ("rms_norm_eps", 0))],
 ])
 def test_malformed_config_gives_a_clear_error(tmp_path, content, message):
     with pytest.raises(SpecError, match=message):
@@ -122,3 +130,10 @@ def test_each_gpu_preset_has_its_l2_with_a_source_or_says_it_has_none():
 def test_a_spec_read_back_from_json_keeps_tuples():
     spec = dataclasses.replace(get_gpu("H100-SXM"), bandwidth_by_working_set=[[2**20, 5e12], [2**30, 3e12]])
     assert spec.bandwidth_by_working_set == ((2**20, 5e12), (2**30, 3e12)) and hash(spec)
+
+
+def test_a_configs_name_that_is_not_a_string_falls_back_to_the_file_name(tmp_path):
+    """`_name_or_path: {"a": 1}` became the model name "{'a': 1}"."""
+    config = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 8,
+              "vocab_size": 10, "_name_or_path": {"a": 1}}
+    assert model_from_config(_write(tmp_path, config)).name == "config"
