@@ -52,9 +52,10 @@ def lab_settings(device: str) -> dict:
     return LAB_SETTINGS[device]
 
 
-# On the CPU the chapter's shapes are divided by this factor, prompts and outputs alike: the
-# summarisation prompt (60,000) becomes 7,500, inside lab-cpu's 8,192-token context and past its
-# attention crossover (~3,075 tokens, kernel counting) as 60,000 is past the 8B's (~53,247).
+# On the CPU the chapter's shapes are divided by this factor: their prompts, and in lesson 07 their
+# answers' decode steps too (`explore.scaled_shapes`). The summarisation prompt (60,000) becomes
+# 7,500, inside lab-cpu's 8,192-token context and past its attention crossover (~3,075 tokens,
+# kernel counting) as 60,000 is past the 8B's (~53,247).
 CPU_SHAPE_SCALE = 8
 
 
