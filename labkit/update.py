@@ -7,8 +7,11 @@ JupyterLab saves a lesson with its outputs into notebooks/, and git will not pul
 a lesson over one you changed ("Your local changes ... would be overwritten"). So first every
 lesson that differs from git is copied to saved/<date-time>/ (never over an earlier copy), then
 set back to git's version, then `git pull --ff-only` brings the new lessons. Your copies stay in
-saved/, which git ignores; open them in JupyterLab beside the new versions. If the pull fails
-(no network, commits of your own), your copies are kept all the same and git's message is shown.
+saved/, which git ignores; open them in JupyterLab beside the new versions. A file of yours that
+git does not track where the update brings one of the same name (a `make bench` recording,
+data/recordings/bench-cpu-60.json, when the lab's next one is committed under that name) would stop
+the pull too: it is moved to the same saved/ folder first. If the pull fails (no network, commits
+of your own), your copies are kept all the same and git's message is shown.
 Standard library only: it runs before the venv is rebuilt, with any Python 3.
 """
 from __future__ import annotations
@@ -51,37 +54,60 @@ def changed_lessons(repo: Path) -> list[str]:
     return sorted(entry[3:] for entry in status.split("\0") if entry[:2].strip())
 
 
-def keep(repo: Path, paths: list[str], now: datetime.datetime) -> Path:
-    """Copy `paths` (relative to `repo`) into a new saved/<date-time>/ folder, keeping their
-    places; a folder that exists already gets a suffix, so no earlier copy is overwritten."""
+def in_the_way(repo: Path) -> list[str]:
+    """Files the pull would bring that exist here untracked (git refuses to overwrite them), as
+    paths relative to `repo`; [] where the branch has no upstream (the pull then says why)."""
+    try:
+        git(repo, "fetch", "-q")
+        incoming = git(repo, "diff", "--name-only", "-z", "--diff-filter=A", "HEAD", "@{upstream}")
+    except GitError:
+        return []
+    untracked = set(git(repo, "ls-files", "--others", "-z").split("\0"))
+    return sorted(path for path in incoming.split("\0") if path and path in untracked)
+
+
+def new_folder(repo: Path, now: datetime.datetime) -> Path:
+    """A new saved/<date-time>/ folder; one that exists already gets a suffix, so no earlier copy
+    is overwritten."""
     stamp = now.strftime("%Y-%m-%d_%H%M%S")
     folder, n = repo / SAVED / stamp, 1
     while folder.exists():
         n += 1
         folder = repo / SAVED / f"{stamp}-{n}"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def keep(repo: Path, paths: list[str], folder: Path, move: bool = False):
+    """Copy (or move) `paths` (relative to `repo`) into `folder`, keeping their places."""
     for path in paths:
         if (repo / path).is_file():  # a lesson you deleted has nothing to keep
             (folder / path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / path, folder / path)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+            (shutil.move if move else shutil.copy2)(repo / path, folder / path)
 
 
 def update(repo: Path, now: datetime.datetime) -> list[str]:
     """Keep the changed lessons, set them back, pull. The lines to print; GitError where the pull
     (or git itself) failed, after the lessons were kept."""
-    lines = []
+    lines, folder = [], None
     changed = changed_lessons(repo)
     if changed:
-        folder = keep(repo, changed, now)
+        folder = new_folder(repo, now)
+        keep(repo, changed, folder)
         git(repo, "checkout", "--", *changed)
         lines.append(f"update: kept {len(changed)} lesson(s) you changed in {folder.relative_to(repo)}/ "
                      f"({', '.join(Path(p).name for p in changed)})")
+    blocking = in_the_way(repo)
+    if blocking:
+        folder = folder or new_folder(repo, now)
+        keep(repo, blocking, folder, move=True)
+        lines.append(f"update: moved {len(blocking)} file(s) of yours to {folder.relative_to(repo)}/, out of the way of "
+                     f"files of the same name the update brings ({', '.join(blocking)})")
     before = git(repo, "rev-parse", "HEAD").strip()
     try:
         git(repo, "pull", "--ff-only")
     except GitError as err:
-        kept = f" (your lessons are kept in {folder.relative_to(repo)}/)" if changed else ""
+        kept = f" (your files are kept in {folder.relative_to(repo)}/)" if folder else ""
         raise GitError(f"git pull failed{kept}: {err}") from err
     after = git(repo, "rev-parse", "HEAD").strip()
     lines.append("update: already up to date" if after == before else f"update: {before[:7]} -> {after[:7]}")

@@ -72,7 +72,7 @@ def test_a_failed_pull_keeps_the_lessons_and_says_why(upstream_and_clone, capsys
     (clone / LESSON).write_text('{"outputs": "mine"}\n')
     assert update.main(["--repo", str(clone)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("update: error: git pull failed (your lessons are kept in saved/") and err.count("\n") == 1
+    assert err.startswith("update: error: git pull failed (your files are kept in saved/") and err.count("\n") == 1
     assert "): fatal: " in err, err  # git's verdict (its wording varies with git's version), not its progress
     kept = next((clone / "saved").iterdir()) / LESSON
     assert kept.read_text() == '{"outputs": "mine"}\n'
@@ -87,3 +87,21 @@ def test_not_a_repository_is_one_line(tmp_path, capsys):
 def test_saved_lessons_are_ignored_by_git():
     root = Path(update.__file__).resolve().parent.parent
     assert subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "saved/2026-12-06_030000/x.ipynb"]).returncode == 0
+
+
+def test_a_file_of_yours_where_the_update_brings_one_is_moved_to_saved_not_lost(upstream_and_clone):
+    """A learner's `make bench` writes the first free name under data/recordings/ (bench-cpu-60.json),
+    untracked; when the lab later commits its own bench-cpu-60.json, git pull refused to overwrite
+    the learner's file and the update failed for good."""
+    upstream, clone = upstream_and_clone
+    mine = "data/recordings/bench-cpu-60.json"
+    (clone / mine).parent.mkdir(parents=True)
+    (clone / mine).write_text('{"measured": "by me"}\n')
+    (clone / "data/recordings/bench-cpu-61.json").write_text('{"also": "mine"}\n')  # no clash: stays
+    commit(upstream, mine, '{"measured": "by the lab"}\n', "a recording")
+    lines = update.update(clone, NOW)
+    assert (clone / mine).read_text() == '{"measured": "by the lab"}\n'
+    assert (clone / "saved" / "2026-12-06_030000" / mine).read_text() == '{"measured": "by me"}\n'
+    assert (clone / "data/recordings/bench-cpu-61.json").read_text() == '{"also": "mine"}\n'
+    assert lines[0] == ("update: moved 1 file(s) of yours to saved/2026-12-06_030000/, out of the way of files of "
+                        f"the same name the update brings ({mine})")
