@@ -40,13 +40,27 @@ help: ## List the targets
 venv: $(STAMP) $(WARM) $(VENV)/.defaults ## (internal) Create .venv and install the pins (reruns when requirements*.txt or pyproject.toml change); compile the CPU step's kernels
 
 # Without a GPU: the pins plus requirements-cpu.txt (CPU torch 2.13.0; triton 3.9.0 on Linux only, the
-# one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it).
+# one OS Triton publishes wheels for: on macOS the lab runs its CPU path without it). On Linux, PyPI's
+# torch is the CUDA build with its nvidia-* wheels, several GB: where pip would take it (asked with
+# --dry-run: its report lists nvidia-* packages), the CPU build comes from PyTorch's own index first,
+# and the pins then find torch installed. (Where torch resolves to a CPU wheel already, as on the
+# lab's CI machines with their local wheels, nothing changes. Checked here: the dry run against
+# PyPI alone lists nvidia-cublas and others; PyTorch's index was not reachable from these machines.)
+TORCH_CPU_INDEX = https://download.pytorch.org/whl/cpu
 # With a GPU: a CUDA torch wants the triton it was built with (torch 2.14.1 asks triton~=3.8), so the
 # venv sees the image's packages and torch is left unpinned: pip keeps the installed one, or installs
 # torch with the triton it requires. The editable install's metadata lives in the venv; the egg-info
 # setuptools leaves beside the notebooks while building it would only sit in JupyterLab's file browser.
 $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	@set -e; \
+	if [ ! -x $(PY) ] && ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
+	  echo "venv: the lab needs Python 3.11 or newer as python3 (its pins, numpy and triton among them, need it); found: $$(python3 --version 2>&1)" >&2; \
+	  exit 1; \
+	fi; \
+	if [ ! -x $(PY) ] && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
+	  echo "venv: python3 has no venv module (Debian and Ubuntu: apt install python3-venv)" >&2; \
+	  exit 1; \
+	fi; \
 	if nvidia-smi >/dev/null 2>&1; then \
 	  echo "venv: NVIDIA GPU found; keeping the installed torch/triton"; \
 	  [ -x $(PY) ] || python3 -m venv --system-site-packages $(VENV); \
@@ -56,6 +70,13 @@ $(STAMP): requirements.txt requirements-cpu.txt pyproject.toml
 	else \
 	  echo "venv: no NVIDIA GPU; installing the CPU pins"; \
 	  [ -x $(PY) ] || python3 -m venv $(VENV); \
+	  torch_pin=$$(grep '^torch==' requirements.txt); \
+	  if [ "$$(uname -s)" = Linux ] && $(PY) -m pip install -q --dry-run --ignore-installed --report - "$$torch_pin" \
+	       2>/dev/null | grep -q '"name": "nvidia-'; then \
+	    echo "venv: PyPI's $$torch_pin for Linux is a CUDA build of several GB; taking the CPU build from $(TORCH_CPU_INDEX)"; \
+	    $(PY) -m pip install -q --progress-bar off "$$torch_pin" --index-url $(TORCH_CPU_INDEX) \
+	      || echo "venv: $(TORCH_CPU_INDEX) could not be reached; the CUDA build from PyPI follows"; \
+	  fi; \
 	  $(PY) -m pip install -q --progress-bar off -r requirements.txt -r requirements-cpu.txt; \
 	fi; \
 	$(PY) -m pip install -q --progress-bar off -e . --no-deps; \
