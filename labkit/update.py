@@ -86,17 +86,23 @@ def keep(repo: Path, paths: list[str], folder: Path, move: bool = False):
             (shutil.move if move else shutil.copy2)(repo / path, folder / path)
 
 
+def keep_lessons(repo: Path, now: datetime.datetime) -> tuple[list[str], Path | None]:
+    """Copy the changed lessons to a new saved/ folder and set them back to git's version: the
+    lines to print, and the folder (None where no lesson had changed)."""
+    changed = changed_lessons(repo)
+    if not changed:
+        return [], None
+    folder = new_folder(repo, now)
+    keep(repo, changed, folder)
+    git(repo, "checkout", "--", *changed)
+    return [f"update: kept {len(changed)} lesson(s) you changed in {folder.relative_to(repo)}/ "
+            f"({', '.join(Path(p).name for p in changed)})"], folder
+
+
 def update(repo: Path, now: datetime.datetime) -> list[str]:
     """Keep the changed lessons, set them back, pull. The lines to print; GitError where the pull
     (or git itself) failed, after the lessons were kept."""
-    lines, folder = [], None
-    changed = changed_lessons(repo)
-    if changed:
-        folder = new_folder(repo, now)
-        keep(repo, changed, folder)
-        git(repo, "checkout", "--", *changed)
-        lines.append(f"update: kept {len(changed)} lesson(s) you changed in {folder.relative_to(repo)}/ "
-                     f"({', '.join(Path(p).name for p in changed)})")
+    lines, folder = keep_lessons(repo, now)
     blocking = in_the_way(repo)
     if blocking:
         folder = folder or new_folder(repo, now)
@@ -117,9 +123,16 @@ def update(repo: Path, now: datetime.datetime) -> list[str]:
 def main(argv=None) -> int:
     parser = Parser(prog="python -m labkit.update", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=ROOT, help="the lab's repository (this one)")
+    parser.add_argument("--keep-only", action="store_true",
+                        help="keep the lessons you changed in saved/ and set them back, without pulling (make keep)")
     try:
         args = parser.parse_args(argv)
-        for line in update(args.repo, datetime.datetime.now()):
+        now = datetime.datetime.now()
+        if args.keep_only:
+            lines = keep_lessons(args.repo, now)[0] or ["update: no lesson differs from git's version; nothing kept"]
+        else:
+            lines = update(args.repo, now)
+        for line in lines:
             print(line)
     except (UsageError, GitError) as err:
         print(f"update: error: {err}", file=sys.stderr)

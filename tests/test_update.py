@@ -105,3 +105,17 @@ def test_a_file_of_yours_where_the_update_brings_one_is_moved_to_saved_not_lost(
     assert (clone / "data/recordings/bench-cpu-61.json").read_text() == '{"also": "mine"}\n'
     assert lines[0] == ("update: moved 1 file(s) of yours to saved/2026-12-06_030000/, out of the way of files of "
                         f"the same name the update brings ({mine})")
+
+
+def test_keep_only_keeps_and_resets_the_lessons_without_pulling(upstream_and_clone, capsys):
+    """make test refused lessons JupyterLab had saved with outputs and said 'run make strip', which
+    deletes them: `make keep` (--keep-only) keeps them in saved/ first and pulls nothing."""
+    upstream, clone = upstream_and_clone
+    commit(upstream, LESSON, '{"v": 2}\n', "lesson 01, new")
+    (clone / LESSON).write_text('{"v": 1, "outputs": "mine"}\n')
+    assert update.main(["--repo", str(clone), "--keep-only"]) == 0
+    assert capsys.readouterr().out.startswith("update: kept 1 lesson(s) you changed in saved/")
+    assert next((clone / "saved").iterdir()).joinpath(LESSON).read_text() == '{"v": 1, "outputs": "mine"}\n'
+    assert (clone / LESSON).read_text() == '{"v": 1}\n', "git's version, not the upstream's: nothing pulled"
+    assert update.main(["--repo", str(clone), "--keep-only"]) == 0
+    assert "nothing kept" in capsys.readouterr().out
