@@ -245,11 +245,10 @@ def check_fits(required_bytes: float, device, what: str, remedy: str = "lower ba
         free = free_memory_bytes(device)
     if required_bytes > room_bytes(free, kind):
         limit = _binding_limit(free) if kind == "cpu" else None
-        if limit is None:
-            pass
-        elif required_bytes > room_bytes(limit[0], kind):  # more than the whole limit: nothing to stop helps
+        # past the whole limit, stopping other kernels frees nothing that would help
+        if limit is not None and required_bytes > room_bytes(limit[0], kind):
             remedy = f"that is more than this server's {format_bytes(limit[0])} memory limit allows; {remedy}"
-        else:
+        elif limit is not None:
             remedy = (f"{format_bytes(limit[1])} of this server's {format_bytes(limit[0])} memory limit is in use, by "
                       "this kernel and any other still running: shut down the kernels of the lessons you have "
                       f"finished (Kernel > Shut Down Kernel, or close their tabs), or {remedy}")
