@@ -39,7 +39,11 @@ from .errors import LabError, whole_number
 from .kvcache import cache_footprint_bytes
 from .timing import HOST_BOUND_FRACTION, OTHERS_BUSY_LIMIT
 
-BEFORE_STEPS = 4  # decode steps before the prompt arrives: the streams' undisturbed ITL
+# Decode steps before the prompt arrives: their gaps' median is the streams' undisturbed ITL. With
+# 4 steps (3 gaps), a browser still drawing the chart of a slider's last move (a 10-30 ms burst on a
+# 2-core machine) stretched two of them: lesson 06 in Chromium showed 13 ms undisturbed gaps beside
+# 1-2 ms ones from the same machine. 8 steps cost ~10 ms more on a CPU.
+BEFORE_STEPS = 8
 AFTER_STEPS = 3  # decode steps after its prefill is done
 
 
@@ -62,6 +66,9 @@ class Timeline:
     # CPU: the share of the cores other processes kept busy while the timeline ran (None on CUDA,
     # or where the OS does not say): a browser drawing meanwhile stretches every chunk and step
     others_busy_share: float | None = None
+    # the chunk size asked for: None for the unchunked run; lesson 06's slider reaches the whole
+    # prompt, a run to tell apart from the unchunked one beside it (`explore.interference_series`)
+    chunk_asked: int | None = None
 
     @property
     def chunked(self) -> bool:
@@ -110,7 +117,8 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
     g = torch.Generator().manual_seed(0)
     stream_tokens = torch.randint(0, built.spec.vocab_size, (streams,), generator=g).to(built.device)
     prompt = torch.randint(0, built.spec.vocab_size, (prompt_tokens,), generator=g).to(built.device)
-    line = Timeline(prompt_tokens, chunk, streams, context_tokens, built.spec.name, kind, backend.device_name(kind))
+    line = Timeline(prompt_tokens, chunk, streams, context_tokens, built.spec.name, kind, backend.device_name(kind),
+                    chunk_asked=chunk_tokens)
     built.decode_step(stream_tokens, stream_cache)  # warm-up, untimed
     # A whole chunk, the timed size, warms up (overwritten below): a CPU prefill's first pass at a
     # size faults in its megabytes of fresh pages, which later passes reuse (`cpu_memory`), as a

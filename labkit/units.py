@@ -9,7 +9,9 @@ import re
 
 
 def format_seconds(seconds: float) -> str:
-    """Seconds for display: "1.23 s", "12.1 ms", "45.0 µs"."""
+    """Seconds for display: "1.23 s", "12.1 ms", "45.0 µs"; nothing is "0 s", not "0.00 ns"."""
+    if seconds == 0:
+        return "0 s"
     if abs(seconds) >= 100:
         return f"{seconds:,.0f} s"
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
@@ -19,7 +21,10 @@ def format_seconds(seconds: float) -> str:
 
 
 def format_rate(value: float, unit: str) -> str:
-    """A rate with an SI prefix: format_rate(3.35e12, "B/s") == "3.35 TB/s"."""
+    """A rate with an SI prefix: format_rate(3.35e12, "B/s") == "3.35 TB/s"; zero is "0 B", not
+    "0.00 B" (lesson 04's cache at a context of 0 read as a figure cut short)."""
+    if value == 0:
+        return f"0 {unit}"
     for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
             return f"{_three_digits(value / scale)} {prefix}{unit}"

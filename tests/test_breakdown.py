@@ -313,6 +313,7 @@ def test_the_sentence_says_where_the_fraction_comes_from():
     line = explore.breakdown_line(record())
     assert line.startswith("On test CPU, this prefill of P=1,024, B=1 ran at 52% of peak FLOP/s "
                            "(the chapter plans 40%).")
+    assert "in percentage points of the step's" in line  # a learner met "(40 points)" unexplained
     assert "matrix products 50% of the time at 80% of peak (40 points)" in line
     assert "attention 20% of the time at 50% of peak (10 points)" in line
     assert "overhead 10% of the time (0 points)" in line and "Note" not in line

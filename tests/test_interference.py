@@ -145,3 +145,15 @@ def test_a_timeline_that_would_not_fit_is_refused_before_its_caches_are_made(mon
                                              r"prefill 16 tokens at a time needs "):
         i.run_timeline(model="lab-tiny", device="cpu", streams=2, context_tokens=32, prompt_tokens=64,
                        chunk_tokens=16)
+
+
+def test_the_slider_at_the_whole_prompt_is_told_apart_from_the_unchunked_run():
+    """Lesson 06's chunk slider reaches the prompt's length: that run was also named 'no chunking',
+    so its bars stacked on the unchunked run's and the table showed two 'no chunking' rows."""
+    from labkit import explore
+    unchunked, whole = i.run_timeline(**SIZES), i.run_timeline(chunk_tokens=SIZES["prompt_tokens"], **SIZES)
+    assert not whole.chunked and whole.chunk_asked == SIZES["prompt_tokens"] and unchunked.chunk_asked is None
+    names = explore.interference_bars([unchunked, whole])["names"]
+    assert names == ["no chunking", "one chunk of 256 tokens (the whole prompt)"]
+    assert [row["run"] for row in explore.interference_rows([unchunked, whole])] == names
+    assert explore.interference_series(i.run_timeline(chunk_tokens=64, **SIZES))["name"] == "chunks of 64 tokens"

@@ -146,6 +146,7 @@ def test_display_formats():
     assert measure.format_seconds(45.1e-6) == "45.1 µs"
     assert measure.format_seconds(2.5) == "2.50 s"
     assert measure.format_rate(9.4e9, "B/s") == "9.40 GB/s"
+    assert measure.format_rate(0, "B") == "0 B" and measure.format_seconds(0) == "0 s"  # not "0.00 B"
     from labkit.units import format_bytes
     assert [format_bytes(n) for n in (512, 16 << 20, 0.95 * 2**30, 12.3 * 2**30)] == ["512 B", "16 MiB", "973 MiB",
                                                                                        "12.3 GiB"]

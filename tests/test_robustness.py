@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import io
 import json
 import math
@@ -435,3 +436,5 @@ def test_prime_times_every_point_longest_first_and_only_then_draws():
     assert events == [("measure", 192), ("measure", 128), ("measure", 64),
                       ("draw", 64), ("draw", 128), ("draw", 192)]
     assert lab.result["prompt_tokens"] == 192 and [r["prompt_tokens"] for r in lab.records] == [64, 128, 192]
+    # the status line says what the last point measured, as after a move (it stayed empty until one)
+    assert html.unescape(lab.error.widget.value).count(explore.point_summary(lab.result)) == 1

@@ -137,3 +137,11 @@ def test_scaled_shapes_keep_each_shapes_balance_of_reading_and_writing():
     assert set(balance) == set(workloads.WORKLOADS)
     assert all(0.8 <= kept <= 1.15 for kept in balance.values()), balance
     assert explore.scaled_balance(1) == pytest.approx({name: 1.0 for name in workloads.WORKLOADS})
+
+
+def test_the_chunk_lab_says_what_its_first_run_measured_from_the_start():
+    """After Run All, lesson 06's status line stayed empty until the slider was first moved."""
+    sizes_ = dict(model="lab-tiny", streams=2, context_tokens=32, prompt_tokens=128, device="cpu")
+    unchunked = interference.run_timeline(**sizes_)
+    lab = views.ChunkLab(partial(interference.run_timeline, **sizes_), unchunked, 32, 32, 128, 32, "t")
+    assert html.unescape(lab.error.widget.value).count("measured on ") == 1 and "worst gap" in lab.error.widget.value

@@ -65,7 +65,8 @@ def breakdown_line(b: dict) -> str:
         notes.append(beyond)
     return (f"On {machine_of(b)}, this {breakdown_setting(b)} ran at {b['step_fraction']:.0%} of {rate} "
             f"(the chapter plans {b['plan_fraction']:.0%}). Each part adds its share of the time times its own "
-            f"fraction: {'; '.join(parts)}." + "".join(f" Note: {note}." for note in notes))
+            f"fraction, in percentage points of the step's {b['step_fraction']:.0%}: {'; '.join(parts)}."
+            + "".join(f" Note: {note}." for note in notes))
 
 # ---- lesson 04: decode and the cache read
 def decode_readout(record: dict) -> dict:

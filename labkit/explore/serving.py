@@ -59,7 +59,12 @@ def interference_series(timeline) -> dict:
     it (ms), and the prefill chunks' (start, end) spans (s)."""
     ends = list(timeline.decode_end_s)
     gaps = [1e3 * g for g in timeline.gaps_s()]
-    name = "no chunking" if not timeline.chunked else f"chunks of {timeline.chunk_tokens:,} tokens"
+    if timeline.chunked:
+        name = f"chunks of {timeline.chunk_tokens:,} tokens"
+    elif timeline.chunk_asked:  # the slider at the whole prompt: one chunk, beside the unchunked run
+        name = f"one chunk of {timeline.prompt_tokens:,} tokens (the whole prompt)"
+    else:
+        name = "no chunking"
     return {"name": name, "end_s": ends[1:], "gap_ms": gaps, "chunks_s": list(timeline.chunk_spans_s),
             "device_name": machine_name(timeline.device_name)}
 

@@ -240,6 +240,9 @@ class LessonWidget:
             with self.error.guard():
                 self.result = results[index]
                 self.draw(self.result)
+        if results and self.error.last_error is None:  # the last point's line, as after a move (was empty)
+            with self.error.guard():
+                self.error.status(self.describe(self.result))
         self.widget.children = self.widget.children[:-1]
 
 

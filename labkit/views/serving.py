@@ -130,6 +130,7 @@ class ChunkLab(LessonWidget):
         super().__init__({"chunk_tokens": self.slider}, [self.figure, self.bars],
                          lambda chunk_tokens: explore.chunk_view(run, unchunked, chunk_tokens), self.show,
                          lambda view: view["status"], busy="running the timeline at")
+        self.error.status(view["status"])  # the first run's line from the start, not only after a move
 
     def show(self, view: dict):
         self.timeline = view["timeline"]
