@@ -406,8 +406,9 @@ def test_a_step_far_from_its_roof_says_what_the_bandwidth_of_its_moment_said(mon
     assert "faster now than when it was calibrated" in explore.breakdown_line(over)  # no reading: why it can be
     read = {**over, "moment_bandwidth_bytes_per_s": 70e9, "moment_roof_fraction": 0.89}
     line = explore.breakdown_line(read)
-    assert "the memory read 70.0 GB/s at this working set just after it, where the calibration has 60.0 GB/s: " \
-           "0.89 of that roof, so the calibration is from a slower moment than this one" in line
+    assert "the memory read 70.0 GB/s at this working set just after it (the calibration: 60.0 GB/s at this " \
+           "size), and the step reached 0.89 of that moment's roof, so the calibration is from a slower moment " \
+           "than this one" in line
     slow = explore.breakdown_line({**read, "moment_roof_fraction": 0.3})
     assert "so this step itself falls short here: its parts above say where" in slow and "python -m" not in slow
     assert "calibrated" not in explore.breakdown_line(record())  # near its roof: no note

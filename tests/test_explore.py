@@ -155,8 +155,8 @@ def test_the_bandwidth_of_a_points_moment_says_whether_the_step_or_the_calibrati
     point = {"roof_fraction": 0.41, "roof_bandwidth_bytes_per_s": 146e9, "moment_bandwidth_bytes_per_s": 60e9,
              "moment_roof_fraction": moment, "host_bound": None}
     (note,) = explore.point_notes(point)
-    assert note == (f"the memory read 60.0 GB/s at this working set just after it, where the calibration has "
-                    f"146 GB/s: {moment:.2f} of that roof, {ends}")
+    assert note == (f"the memory read 60.0 GB/s at this working set just after it (the calibration: 146 GB/s at "
+                    f"this size), and the step reached {moment:.2f} of that moment's roof, {ends}")
     above = dict(point, roof_fraction=1.3)  # the moment's reading says which of the above-roof note's reasons
     assert explore.point_notes(above) == [note] and explore.moment_note({"roof_fraction": 0.41}) is None
     if r.FAR_FROM_ROOF <= moment <= 1:  # a calibration from a slower moment than the point's
@@ -198,19 +198,19 @@ def test_a_point_over_its_calibrated_roof_and_far_under_its_moments_says_both():
     point = {"roof_fraction": 1.04, "roof_bandwidth_bytes_per_s": 49.5e9, "moment_bandwidth_bytes_per_s": 82.7e9,
              "moment_roof_fraction": 1.04 * 49.5 / 82.7}
     note = explore.moment_note(point)
-    assert note.endswith("0.62 of that roof, so the calibration is from a slower moment than this one "
+    assert note.endswith("0.62 of that moment's roof, so the calibration is from a slower moment than this one "
                          "(`python -m labkit calibrate --refresh` measures it again), and this step itself falls "
                          "short here (`python -m labkit breakdown` shows which part)")
     # lesson 04's breakdown: 0.51 of a roof calibrated at 49.5 GB/s, the memory at 38.6 just after: both
     faster = {"roof_bandwidth_bytes_per_s": 49.5e9, "moment_bandwidth_bytes_per_s": 38.6e9,
               "moment_roof_fraction": 0.51 * 49.5 / 38.6}
-    assert explore.moment_note(faster).endswith(": 0.65 of that roof, so the calibration is from a faster moment "
+    assert explore.moment_note(faster).endswith("reached 0.65 of that moment's roof, so the calibration is from a faster moment "
                                                 "than this one (`python -m labkit calibrate --refresh` measures it "
                                                 "again), and this step itself falls short here (`python -m labkit "
                                                 "breakdown` shows which part)")
     # a calibration within a shared machine's noise of the moment's reading: only the step
     steady = dict(faster, moment_bandwidth_bytes_per_s=45e9, moment_roof_fraction=0.5 * 49.5 / 45)
-    assert explore.moment_note(steady).endswith(": 0.55 of that roof, so this step itself falls short here "
+    assert explore.moment_note(steady).endswith("reached 0.55 of that moment's roof, so this step itself falls short here "
                                                 "(`python -m labkit breakdown` shows which part)")
 
 
