@@ -205,9 +205,9 @@ def test_a_point_over_its_calibrated_roof_and_far_under_its_moments_says_both():
     faster = {"roof_bandwidth_bytes_per_s": 49.5e9, "moment_bandwidth_bytes_per_s": 38.6e9,
               "moment_roof_fraction": 0.51 * 49.5 / 38.6}
     assert explore.moment_note(faster).endswith("reached 0.65 of that moment's roof, so the calibration is from a "
-                                                "faster moment than this one (`python -m labkit calibrate --refresh` measures it "
-                                                "again), and this step itself falls short here (`python -m labkit "
-                                                "breakdown` shows which part)")
+                                                "faster moment than this one (`python -m labkit calibrate "
+                                                "--refresh` measures it again), and this step itself falls short "
+                                                "here (`python -m labkit breakdown` shows which part)")
     # a calibration within a shared machine's noise of the moment's reading: only the step
     steady = dict(faster, moment_bandwidth_bytes_per_s=45e9, moment_roof_fraction=0.5 * 49.5 / 45)
     assert explore.moment_note(steady).endswith("reached 0.55 of that moment's roof, so this step itself falls short "
