@@ -307,6 +307,9 @@ def check_choice(name: str, answer) -> str:
         return f"unknown question {name!r}; known: {', '.join(CHOICES)}"
     if answer is None:
         return f"{name}: not answered yet — pick one of: {'; '.join(choice.options)}."
+    # a pick typed by hand: "Mixed" or " mixed " is the option "mixed" (it was "not one of the options")
+    typed = " ".join(answer.split()).lower() if isinstance(answer, str) else None
+    answer = next((option for option in choice.options if option.lower() == typed), answer)
     if answer not in choice.options:
         return f"{name}: {answer!r} is not one of the options: {'; '.join(choice.options)}."
     if answer == choice.answer():

@@ -102,3 +102,11 @@ def test_questions_ask_for_the_unit_they_check():
         for unit in ("bytes", "GB", "GiB", "KiB"):
             if unit != question.unit and f"the {unit} " in question.ask:
                 pytest.fail(f"{name} asks for {unit} but checks {question.unit}: {question.ask}")
+
+
+def test_a_judgement_pick_is_read_whatever_its_case_and_spacing():
+    """'Mixed' was 'not one of the options' where 'mixed' is."""
+    name = next(iter(quiz.CHOICES))
+    right = quiz.CHOICES[name].answer()
+    assert quiz.check_choice(name, f"  {right.upper()} ").startswith(f"{name}: right — {right}:")
+    assert "is not one of the options" in quiz.check_choice(name, "something else")

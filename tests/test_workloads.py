@@ -172,6 +172,8 @@ def test_the_split_predicts_a_gpu_without_bf16_in_fp16_and_says_so():
         w.request_time_split(model, t4, "chat")
     split = explore.predicted_split(model, t4, 1)
     assert explore.split_dtype(t4) == "fp16" and "in fp16: the T4 has no bf16 path" in split["label"]
+    # every shape pale at batch 1: the note says why (the weights alone), not a list of all six
+    assert split["note"].startswith("llama-3.1-8b's weights alone, 16.1 GB in fp16, are more than the T4's 16 GB")
     fp16 = w.request_time_split(model, t4, "chat", dtype="fp16")
     assert fp16["prefill_s"] == pytest.approx(r.predicted_prefill_time_s(
         model, 2000, t4, 1, "fp16", counting=r.CHAPTER, mfu=r.CHAPTER_MFU,
@@ -179,3 +181,12 @@ def test_the_split_predicts_a_gpu_without_bf16_in_fp16_and_says_so():
     assert split["prefill_pct"][0] == pytest.approx(100 * fp16["prefill_share"])
     h100 = explore.predicted_split(model, get_gpu("H100-SXM"), 1)
     assert "fp16" not in h100["label"] and explore.split_dtype(get_gpu("H100-SXM")) == "bf16"
+
+
+def test_the_split_note_agrees_with_its_number_of_shapes():
+    """'Long-document summarisation need more ... their bars' for one shape."""
+    from labkit import explore
+    one = explore.predicted_split(get_model("llama-3.1-8b"), get_gpu("H100-SXM"), 5)["note"]
+    assert "Long-document summarisation needs more than" in one and "its bars" in one
+    many = explore.predicted_split(get_model("llama-3.1-8b"), get_gpu("H100-SXM"), 64)["note"]
+    assert " need more than" in many and "their bars" in many

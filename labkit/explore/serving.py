@@ -163,9 +163,23 @@ def predicted_split(model: ModelSpec, hardware: HardwareSpec, batch: int) -> dic
                      f"{r.CHAPTER_BANDWIDTH_EFFICIENCY:.0%} of bandwidth"
                      + ("" if dtype == "bf16" else f", in {dtype}: the {hardware.name} has no bf16 path")
                      + f"), batch {batch}",
-            "note": (f"at batch {batch}, {', '.join(too_big)} need more than the {hardware.name}'s "
-                     f"{hardware.memory_bytes / 1e9:,.0f} GB (weights, every request's cache and the prefill's "
-                     f"activations): their bars, drawn pale, show a batch that cannot run" if too_big else "")}
+            "note": _split_note(model, hardware, batch, dtype, too_big)}
+
+
+def _split_note(model: ModelSpec, hardware: HardwareSpec, batch: int, dtype: str, too_big: list[str]) -> str:
+    """Why some bars are pale: the shapes that do not fit at this batch, or, where the weights alone
+    are more than the GPU holds (the 8B on a T4), that no batch fits; "" when all fit."""
+    if not too_big:
+        return ""
+    memory = f"the {hardware.name}'s {hardware.memory_bytes / 1e9:,.0f} GB"
+    weights = r.weight_bytes(model, dtype)
+    if weights > hardware.memory_bytes:
+        return (f"{model.name}'s weights alone, {weights / 1e9:,.1f} GB in {dtype}, are more than {memory}: "
+                "every bar is drawn pale, a prediction for a model that cannot run there")
+    one = len(too_big) == 1
+    return (f"at batch {batch}, {', '.join(too_big)} {'needs' if one else 'need'} more than {memory} (weights, "
+            f"every request's cache and the prefill's activations): {'its' if one else 'their'} bars, drawn pale, "
+            "show a batch that cannot run")
 
 
 def measured_split(results: list[dict], titles: list[str]) -> dict:

@@ -151,10 +151,12 @@ class LessonWidget:
     def values(self) -> dict:
         return {name: control.value for name, control in self.controls.items()}
 
-    def setting(self) -> str:
-        """The controls' values as the learner reads them: "batch B = 16, context S = 1,024, cache bf16"."""
+    def setting(self, values: dict | None = None) -> str:
+        """The controls' values (or `values`, by control name) as the learner reads them: "batch B =
+        16, context S = 1,024, cache bf16"."""
         def one(name, control):
-            label, value = getattr(control, "description", "") or name, control.value
+            label = getattr(control, "description", "") or name
+            value = control.value if values is None else values.get(name, control.value)
             if isinstance(value, numbers.Number) and not isinstance(value, bool):
                 return f"{label} = {value:,}"
             return f"{label} {value}"
@@ -241,8 +243,10 @@ class LessonWidget:
                 self.result = results[index]
                 self.draw(self.result)
         if results and self.error.last_error is None:  # the last point's line, as after a move (was empty)
-            with self.error.guard():
-                self.error.status(self.describe(self.result))
+            with self.error.guard():  # named: the control still shows its own value, not this point's
+                last = settings[max(results)]
+                self.error.status(f"{len(results)} points measured; the last, {self.setting(last)}: "
+                                  f"{self.describe(self.result)}")
         self.widget.children = self.widget.children[:-1]
 
 
