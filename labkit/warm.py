@@ -54,7 +54,8 @@ def warm(cache_dtypes: tuple[str, ...] | None = None, helper: bool = True) -> st
     if not cpu_kernels.AVAILABLE:
         return "warm: numba is not installed; the CPU step uses numpy's forms, nothing to compile"
     if backend.choose_device(None).device != "cpu":
-        return "warm: a GPU runs the lab; the CPU kernels are compiled on first use if ever needed"
+        return ("warm: a GPU runs the lab; the CPU kernels are compiled on first use if ever needed "
+                "(LABKIT_DEVICE=cpu python -m labkit.warm compiles them now, for learners held to the CPU)")
     cache_dtypes = tuple(cache_dtypes or CACHE_DTYPES)
     start = time.perf_counter()
     mine, theirs = (cache_dtypes[:1], cache_dtypes[1:]) if helper and CORES > 1 else (cache_dtypes, ())
