@@ -164,7 +164,7 @@ def ask(name: str, **bound) -> dict:
     question, unit, reveal = _ASK[name]
     options = [w.title for w in workloads.WORKLOADS.values()] if unit is None else None
     return {"question": question(**bound), "unit": unit, "options": options, "default": DEFAULTS[name],
-            "reveal": lambda estimate: reveal(estimate, **bound)}
+            "reveal": lambda estimate: reveal(estimate, **bound), "name": name}
 
 
 def _context(device=None, **_):

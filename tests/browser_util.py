@@ -334,3 +334,21 @@ def full_screenshot(page, path: Path, width: int = 1400, max_height: int = 16000
     page.wait_for_timeout(1000)  # let plotly redraw at the new size
     page.screenshot(path=str(path), full_page=True)
     page.set_viewport_size(before)
+
+
+def commit_predictions(page, timeout_s: float) -> list[str]:
+    """Answer every "Predict first" widget as a learner would — type a number, or pick the first
+    option — click its button, and wait for the reveal; return each reveal's text."""
+    reveals = []
+    for box in page.locator(".labkit-predict").all():
+        box.scroll_into_view_if_needed()
+        text_input = box.locator("input[type=text]")
+        if text_input.count():
+            text_input.first.fill("3")
+            text_input.first.press("Tab")  # ipywidgets' Text sends its value on change
+        else:
+            box.locator("input[type=radio]").first.check()
+        box.locator("button").first.click()
+        box.locator("text=your estimate").first.wait_for(timeout=timeout_s * 1000)
+        reveals.append(box.inner_text())
+    return reveals

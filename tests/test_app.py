@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from browser_util import (ROOT, SCREENSHOTS, Server, free_port, full_screenshot, http_get, isolated_env,
-                          launch_chromium, move_slider, new_token, page_errors, printed_link, sync_playwright,
-                          wait_for_widgets)
+from browser_util import (ROOT, SCREENSHOTS, Server, commit_predictions, free_port, full_screenshot, http_get,
+                          isolated_env, launch_chromium, move_slider, new_token, page_errors, printed_link,
+                          sync_playwright, wait_for_widgets)
 
 pytestmark = pytest.mark.browser
 
@@ -166,6 +166,10 @@ def test_the_app_renders_the_lesson_and_every_slider_redraws_its_chart(app):
             console.check("once the page had loaded")
             # Every slider: a chart created together with others on a cold page is where updates
             # were lost (plotly's FigureWidget under anywidget's 2 s deadline; see views.LiveFigure).
+            # as a learner: the estimate first, which shows the charts it held back (views.after_estimate)
+            commit_predictions(page, MOVE_TIMEOUT_S)
+            wait_for_widgets(page)
+            assert page.locator(".labkit-show-anyway").count() == 0, "a chart still held back after the estimate"
             moves = [move_slider(page, slider, MOVE_TIMEOUT_S) for slider in page.locator(".widget-slider").all()]
             try:
                 assert moves and all(m["charts"] >= 1 and m["from"] != m["to"] for m in moves), moves

@@ -55,7 +55,7 @@ def test_a_run_without_a_person_commits_the_recorded_default(monkeypatch):
     monkeypatch.setenv("LABKIT_AUTO_REVEAL", "1")
     calls = []
     guess = views.Predict("How many times?", fake_reveal(calls), 8.0, unit="×")
-    assert calls == [8.0] and "your estimate" in guess.answer.value
+    assert calls == [8.0] and "a sample estimate" in guess.answer.value
 
 
 def test_the_reveal_line_compares_each_answer_with_the_measurement():
@@ -192,3 +192,35 @@ def test_a_reveal_says_when_the_machine_was_busy_while_its_points_were_timed():
     steps = {1: _point(0.001), 16: _point(0.003, 0.4)}
     gap = predict.reveal_decode_batch(16.0, device="cpu", measure=lambda batch: steps[batch])["gap"]
     assert gap.endswith(f"; {busy}.")
+
+
+def test_what_shows_the_measurement_waits_for_the_estimate_or_a_click(monkeypatch):
+    """A Run All (or a Voila page) ran the chart cell under the unanswered question: lesson 01's
+    chart showed the measured answer before the learner had committed one. `after_estimate` holds
+    it back until the estimate of the same question is committed, or 'show it anyway' is clicked
+    (a question skipped); the measurement behind it runs either way."""
+    from labkit.views import base
+    monkeypatch.delenv("LABKIT_AUTO_REVEAL", raising=False)
+    monkeypatch.setattr(base, "_COMMITTED", set())
+    monkeypatch.setattr(base, "_HELD", {})
+    chart, line = views.table([{"a": 1}]), "printed: 9.7x"
+    held = views.after_estimate("q1", chart, line)
+    skipped = views.after_estimate("q2", views.table([{"b": 2}]))
+    assert "Commit your estimate above" in held.children[0].value and chart not in held.children
+    guess = views.Predict("How many times?", fake_reveal([]), 8.0, unit="×", name="q1")
+    guess.input.value = "12"
+    guess.button.click()
+    assert held.children[0] is chart and "printed: 9.7x" in held.children[1].value
+    assert views.after_estimate("q1", chart).children == (chart,)  # after the estimate: at once
+    assert "Commit your estimate above" in skipped.children[0].value
+    skipped.children[1].click()  # "Show it without an estimate"
+    assert skipped.children[0].value.startswith("<table")
+
+
+def test_an_estimate_nobody_typed_is_called_a_sample(monkeypatch):
+    """A report (LABKIT_AUTO_REVEAL=1) showed 'your estimate 16x ... Your estimate is 5.6 times the
+    measurement' to readers who had typed nothing."""
+    monkeypatch.setenv("LABKIT_AUTO_REVEAL", "1")
+    guess = views.Predict("How many times?", fake_reveal([]), 8.0, unit="×")
+    assert "a sample estimate" in guess.answer.value and "your estimate" not in guess.answer.value
+    assert "Your estimate" not in guess.answer.value

@@ -27,4 +27,4 @@ from .prefill import (attention_traffic, growth, growth_line, histogram, memory_
                       prefill_split_prediction, prefill_terms, share_curves)
 from .serving import (batching_bars, batching_line, chunk_view, interference_bars, interference_rows,
                       interference_series, lever_rows, measured_split, predicted_split, scaled_balance, scaled_shapes,
-                      split_dtype, split_extremes, split_extremes_line, step_time_curves)
+                      served_lines, split_dtype, split_extremes, split_extremes_line, step_time_curves)

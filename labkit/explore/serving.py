@@ -224,6 +224,18 @@ def split_extremes(split: dict) -> dict:
             "order": [name for _, name in rows], "left_out": len(noisy_names), "left_out_names": noisy_names}
 
 
+def served_lines(measured: dict, results: list[dict]) -> str:
+    """Lesson 07's served shapes as printed lines: each one's prefill and decode time, its decode
+    steps and runs, then `split_extremes_line`."""
+    lines = []
+    for name, result in zip(measured["names"], results):
+        steps = result["output_tokens"] - 1
+        lines.append(f"{name:>28}: prefill {result['prefill_s'] * 1e3:8,.1f} ms, decode {result['decode_s'] * 1e3:8,.1f} ms "
+                     f"({steps} step{'s' * (steps != 1)}, fastest of {result['runs']} runs"
+                     f"{', noisy' if result['noisy'] else ''})")
+    return "\n".join(lines + [split_extremes_line(measured)])
+
+
 def split_extremes_line(split: dict) -> str:
     """`split_extremes` as the sentence a lesson prints."""
     ends = split_extremes(split)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ._plotly import widgets
 from .base import (ATTENTION, IN_TURN, LINEAR, MEASURED, NOISY, PLAN, PREDICTED, TIER, ErrorLine, LessonWidget,
-                   LiveFigure, Predict, int_slider, progress, table, table_html, toggle)
+                   LiveFigure, Predict, after_estimate, int_slider, progress, table, table_html, toggle)
 from .decode import (BreakdownLab, breakdown_figure, cache_share_figure, decode_readout_figure, draw_decode,
                      set_breakdown, set_decode_readout, throughput_figure)
 from .measured import (MeasureLab, SliderLab, add_band, add_recorded, add_tier_marks, measured_vs_predicted_figure,

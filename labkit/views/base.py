@@ -272,9 +272,13 @@ class Predict(LessonWidget):
     gap. The estimate is locked once committed.
 
     A run with nobody at the keyboard (LABKIT_AUTO_REVEAL=1: nbval, papermill, `make report`)
-    commits `default`, the estimate recorded in `predict.DEFAULTS`, so every reveal executes."""
+    commits `default`, the estimate recorded in `predict.DEFAULTS`, so every reveal executes, and
+    the reveal calls it a sample estimate, not the reader's.
 
-    def __init__(self, question: str, reveal, default, unit: str | None = None, options: list | None = None):
+    `name` (`predict.ask` gives it) opens what `after_estimate(name, ...)` holds back below."""
+
+    def __init__(self, question: str, reveal, default, unit: str | None = None, options: list | None = None,
+                 name: str | None = None):
         if options:
             self.input = widgets.RadioButtons(options=list(options), value=None, layout=widgets.Layout(width="auto"))
         else:
@@ -288,7 +292,8 @@ class Predict(LessonWidget):
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
         self.button.on_click(lambda _button: self.at_home(self.commit))
-        if os.environ.get("LABKIT_AUTO_REVEAL") == "1":
+        self.name, self.auto = name, os.environ.get("LABKIT_AUTO_REVEAL") == "1"
+        if self.auto:
             self.input.value = default if options else f"{default:g}"
             self.commit()
 
@@ -322,6 +327,8 @@ class Predict(LessonWidget):
                 self.result = self.compute(estimate)
                 self.draw(self.result)
                 self.error.status("")
+                if self.name is not None:
+                    _estimate_committed(self.name)
         except KeyboardInterrupt:
             self.input.disabled = self.button.disabled = False
             self.error.status("interrupted: commit again to measure")
@@ -330,11 +337,58 @@ class Predict(LessonWidget):
             self.input.disabled = self.button.disabled = False
 
     def show(self, reveal: dict):
+        rows, gap = reveal["rows"], reveal["gap"]
+        if self.auto:  # nobody typed it: a report's reader must not take it for theirs
+            rows = [("a sample estimate" if name == "your estimate" else name, value) for name, value in rows]
+            gap = gap.replace("Your estimate", "The sample estimate").replace("Your pick", "The sample pick")
         rows = "".join(f"<tr><td style='padding:2px 12px 2px 0'>{html.escape(name)}</td>"
                        f"<td style='padding:2px 0'><b>{html.escape(str(value))}</b></td></tr>"
-                       for name, value in reveal["rows"])
+                       for name, value in rows)
         self.answer.value = (f"<div><em>{html.escape(reveal['question'])}</em><table>{rows}</table>"
-                             f"<p>{html.escape(reveal['gap'])}</p></div>")
+                             f"<p>{html.escape(gap)}</p></div>")
+
+
+# Predict first, kept: the questions whose estimate this kernel has committed, and the boxes
+# `after_estimate` holds back until it is. A Run All, or a Voila page, runs every cell at once, and
+# lesson 01's chart drew the measured answer under the still unanswered question.
+_COMMITTED: set[str] = set()
+_HELD: dict[str, list] = {}
+
+
+def after_estimate(question: str, *items) -> widgets.VBox:
+    """`items` (widgets, `LiveFigure`s, or text shown as printed) in a box that shows them once the
+    estimate for `question` (a `predict.ask` name) is committed above; until then one line asks for
+    it, beside a button that shows them anyway (a question skipped, or a kernel restarted below it).
+    The measurement behind them runs either way: the cells below may need it."""
+    shown = tuple(_as_widget(item) for item in items)
+    if question in _COMMITTED:
+        return widgets.VBox(shown).add_class("labkit-held")
+    anyway = widgets.Button(description="Show it without an estimate", layout=widgets.Layout(width="auto"))
+    anyway.add_class("labkit-show-anyway")
+    box = widgets.VBox([widgets.HTML("<i>Commit your estimate above, and this measurement is shown here.</i>"),
+                        anyway])
+    box.add_class("labkit-held")  # the browser tests read held text (`pre`) once the estimate is in
+
+    def open_box(_button=None):
+        box.children = shown
+    anyway.on_click(open_box)
+    _HELD.setdefault(question, []).append(open_box)
+    return box
+
+
+def _estimate_committed(question: str):
+    _COMMITTED.add(question)
+    for open_box in _HELD.pop(question, []):
+        open_box()
+
+
+def _as_widget(item):
+    """A widget as is; a `LiveFigure` as its widget; text as a printed line."""
+    if isinstance(item, widgets.Widget):
+        return item
+    if isinstance(item, str):
+        return widgets.HTML(f"<pre style='margin:0'>{html.escape(item)}</pre>")
+    return item.widget
 
 
 def int_slider(name: str, value: int, low: int, high: int, step: int = 1) -> widgets.IntSlider:
