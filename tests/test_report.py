@@ -275,3 +275,16 @@ def test_a_real_lesson_s_html_draws_every_chart_with_no_network_and_no_failed_re
     drawn, problems = draw_offline(page_html, tmp_path / "07_workload_shapes.html", charts)
     assert len(drawn) == charts >= 2 and all(n > 0 for n in drawn), drawn
     assert problems == []
+
+
+def test_each_page_says_when_with_what_and_where_it_ran(tmp_path, monkeypatch):
+    """A handout named neither its date nor its parameters (only a calibration's date, which can be
+    older than its measurements), and its text keeps the H100 whatever GPU it was run for."""
+    from labkit import report
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A lesson")])
+    nb.metadata["papermill"] = {"start_time": "2026-12-06T11:32:56.1", "parameters": {"GPU": "H200"}}
+    monkeypatch.setenv("LABKIT_GIT_COMMIT", "0123456789abcdef0123")
+    nb, _ = report.add_provenance(nb, {})
+    line = nb.cells[0].source
+    assert line.startswith("*Run 2026-12-06 11:32:56 UTC with parameters GPU = 'H200', the lab at commit 0123456789ab")
+    assert "CPU is " in line and "the chapter's figures (an H100)" in line and nb.cells[1].source == "# A lesson"
