@@ -27,9 +27,13 @@ def measured_vs_predicted_figure(x_title: str, predicted: dict, x_key: str, titl
                     name="measured, noisy (spread too wide)", row=1, col=1)
     fig.add_bar(x=[], y=[], marker=MEASURED, name="residual", showlegend=False, row=2, col=1)
     fig.update_yaxes(title="time (s)", type="log" if log_y else "linear", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title="measured/predicted − 1", tickformat="+.0%", row=2, col=1)
+    # "residual" (measured / predicted - 1, the lessons say): the longer title ran out of its short
+    # panel, down into the x axis's; the legend hangs from below the x axis's title, however many
+    # rows it wraps to (it had run over that title on a chart's first draw)
+    fig.update_yaxes(title="residual", tickformat="+.0%", row=2, col=1)
     fig.update_xaxes(title=x_title, row=2, col=1)
-    fig.update_layout(title=title, height=520, legend=dict(orientation="h", y=-0.25), bargap=0.6)
+    fig.update_layout(title=title, height=560, legend=dict(orientation="h", y=-0.22, yanchor="top"), bargap=0.6,
+                      margin=dict(b=140))
     if "planned_time_s" in predicted:
         fig.add_scatter(x=predicted[x_key], y=predicted["planned_time_s"], mode="lines", line=PLAN,
                         name=explore.PLAN_LABEL, row=1, col=1)
