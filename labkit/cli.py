@@ -152,14 +152,11 @@ PHASE_FLAGS = {"prompt": ("--prompt", "prefill", "the prompt's tokens"),
                "context": ("--context", "decode", "the tokens each sequence has cached")}
 
 
-def _only_for(phase: str, args, also: tuple = ()):
-    """Refuse a flag given for the other phase (`PHASE_FLAGS`), and any of `also`: (attribute, why)."""
+def _only_for(phase: str, args):
+    """Refuse a flag given for the other phase (`PHASE_FLAGS`)."""
     for name, (flag, belongs, what) in PHASE_FLAGS.items():
         if belongs != phase and getattr(args, name, None) is not None:
             raise SpecError(f"{flag} ({what}) applies to {belongs}, not to {phase}")
-    for name, why in also:
-        if getattr(args, name, None) is not None:
-            raise SpecError(why)
 
 
 def _weights_fit(model, here):
@@ -218,8 +215,9 @@ def run_measure(args) -> dict:
     here = backend.choose_device(args.device)
     settings = sizes.lab_settings(here.device)
     model = get_model(args.model or settings["model"])
-    _only_for(args.phase, args, (("cache_dtype", "--cache-dtype applies to decode: measure prefill writes its cache in "
-                                                  "the compute dtype"),) if args.phase == "prefill" else ())
+    _only_for(args.phase, args)
+    if args.phase == "prefill" and args.cache_dtype is not None:
+        raise SpecError("--cache-dtype applies to decode: measure prefill writes its cache in the compute dtype")
     batch = settings["batch"][3] if args.batch is None else args.batch
     _in_range("--batch", batch, 1, MAX_BATCH)
     _weights_fit(model, here)

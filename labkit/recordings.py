@@ -37,7 +37,7 @@ def provenance(device: str, command: str | None = None) -> dict:
     from .backend import device_name  # backend imports torch too
 
     kind = torch.device(getattr(device, "device", device)).type
-    commit = _git_commit()
+    commit = git_commit()
     return {
         "device": kind, "device_name": device_name(kind),
         "driver": _nvidia_driver() if kind == "cuda" else None,
@@ -73,7 +73,7 @@ def _nvidia_driver() -> str | None:
     return out.splitlines()[0].strip() if out else None
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """HEAD of the repository, or LABKIT_GIT_COMMIT where the tree travelled without its .git
     (a copy sent to a GPU machine: set it to `git rev-parse HEAD` of the checkout it came from)."""
     return os.environ.get("LABKIT_GIT_COMMIT") or run_command(["git", "-C", str(_REPO), "rev-parse", "HEAD"])

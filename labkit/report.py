@@ -18,9 +18,6 @@ page then loads nothing from another host. `make report` runs
 from __future__ import annotations
 
 import html
-import os
-import subprocess
-from pathlib import Path
 
 import jinja2
 import plotly.io as pio
@@ -29,6 +26,7 @@ from nbformat.v4 import new_markdown_cell, new_output
 from traitlets import default
 
 from . import cpu_info
+from .recordings import git_commit
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -71,22 +69,12 @@ def add_provenance(nb, resources):
     run = nb.metadata.get("papermill", {})
     when = str(run.get("start_time") or "an unrecorded date").replace("T", " ")[:19]
     params = ", ".join(f"{k} = {v!r}" for k, v in (run.get("parameters") or {}).items()) or "the lesson's own"
-    commit = os.environ.get("LABKIT_GIT_COMMIT") or _git_commit()
+    commit = git_commit() or "unknown"
     line = (f"*Run {when} UTC with parameters {params}, the lab at commit {commit[:12]}, on a machine whose "
             f"CPU is {cpu_info.cpu_identity()}; each chart names the device it measured on. The text keeps "
             "the chapter's figures (an H100), whatever the parameters.*")
     nb.cells.insert(0, new_markdown_cell(line))
     return nb, resources
-
-
-def _git_commit() -> str:
-    """This checkout's commit, or "unknown" (a copy without .git, no git)."""
-    try:
-        here = str(Path(__file__).resolve().parent.parent)
-        done = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
 def static_widgets(nb, resources):
