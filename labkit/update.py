@@ -62,8 +62,14 @@ def in_the_way(repo: Path) -> list[str]:
         incoming = git(repo, "diff", "--name-only", "-z", "--diff-filter=A", "HEAD", "@{upstream}")
     except GitError:
         return []
-    untracked = set(git(repo, "ls-files", "--others", "-z").split("\0"))
-    return sorted(path for path in incoming.split("\0") if path and path in untracked)
+    paths = [path for path in incoming.split("\0") if path]
+    if not paths:
+        return []
+    # only the incoming paths are asked about: a clone's .venv alone holds tens of thousands of
+    # untracked files; an ignored one git overwrites without asking, so only untracked ones count
+    literal = [f":(literal){path}" for path in paths]  # a name with * or ? is that name, not a pattern
+    return sorted(path for path in git(repo, "ls-files", "--others", "--exclude-standard", "-z", "--", *literal)
+                  .split("\0") if path)
 
 
 def new_folder(repo: Path, now: datetime.datetime) -> Path:
