@@ -50,7 +50,7 @@ def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = N
     return explore.reveal(f"decode step at batch {batch} ÷ batch 1 ({context:,} tokens each)", "×", estimate,
                           step(batch) / step(1), many["time_s"] / one["time_s"], one["device_name"],
                           "one read of the weights serves the whole batch; only the cache and the arithmetic grow"
-                          + _busy(many, one))
+                          + explore.efficiency_clause(many, one, f"batch-{batch} one", "batch-1 step") + _busy(many, one))
 
 
 def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, device: str | None = None,
@@ -64,7 +64,9 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
     long, short = (measure(prompt_tokens=p) for p in (high, low))  # the longer first, as `prime`
     return explore.reveal(f"prefill of {high:,} tokens ÷ {low:,} tokens ({high / low:.0f}× the tokens)", "×",
                           estimate, time(high) / time(low), long["time_s"] / short["time_s"], short["device_name"],
-                          "the attention term grows with the square of the prompt" + _busy(long, short))
+                          "the attention term grows with the square of the prompt"
+                          + explore.efficiency_clause(long, short, f"{high:,}-token one", f"{low:,}-token prefill")
+                          + _busy(long, short))
 
 
 def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int, head_dim: int,
@@ -109,6 +111,7 @@ def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=No
                           step(full["context_tokens"]) / step(empty["context_tokens"]),
                           full["time_s"] / empty["time_s"], empty["device_name"],
                           "every step reads the whole cache: its share of the read grows with the context"
+                          + explore.efficiency_clause(full, empty, "one at the longest", "step at the shortest context")
                           + _busy(empty, full))
 
 

@@ -77,6 +77,24 @@ def roof_phrase(point: dict) -> str | None:
     return said
 
 
+EFFICIENCY_GAP = 0.05  # fractions of roof that differ by less than this are not worth a clause
+
+
+def efficiency_clause(top: dict, bottom: dict, top_name: str, bottom_name: str) -> str:
+    """Why a measured ratio of two times (`top` ÷ `bottom`, measured points) differs from the
+    formula's: each point's fraction of its own roof. top ÷ bottom measured is exactly the ratio
+    of their roof times × (bottom's fraction ÷ top's), so a short prompt that runs further below
+    its roof than a long one makes the measured growth smaller than the formula's (lab-cpu on the
+    2-core Zen 5: a 512-token prefill at 0.51 of its roof, a 4,096-token one at 0.57, 14.1x
+    measured against 15.9x). '' when either fraction is missing or they are within EFFICIENCY_GAP."""
+    f_top, f_bottom = top.get("roof_fraction"), bottom.get("roof_fraction")
+    if not f_top or not f_bottom or abs(f_bottom / f_top - 1) < EFFICIENCY_GAP:
+        return ""
+    return (f"; measured, the {bottom_name} ran at {f_bottom:.0%} of its roof and the {top_name} at {f_top:.0%}, "
+            f"which makes the measured ratio {f_bottom / f_top:.2f} times what it would be if both ran equally "
+            "close to their roofs")
+
+
 def in_turn_parts(in_turn, roof) -> bool:
     """Whether the kernels-in-turn roof (`roofline.in_turn_time_s`; times or tokens/s, None where
     not known) lies more than IN_TURN_PARTS off the whole step's anywhere: shown only then, in a

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
 from ..units import machine_of
+from .points import efficiency_clause
 
 # ---- lesson 02: prefill's two terms
 def prefill_terms(model: ModelSpec, prompts: list[int], counting: r.Counting = r.CHAPTER) -> dict:
@@ -66,7 +67,8 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
                     if not rec.get("noisy") and not rec.get("disturbed") and not rec.get("l2_resident")),
                    key=lambda rec: rec[x_key])
     result = {"left_out": len(records) - len(clean), "device_name": None, "from": None, "to": None,
-              "x_ratio": None, "measured_ratio": None, "predicted_ratio": None, "linear_only_ratio": None}
+              "x_ratio": None, "measured_ratio": None, "predicted_ratio": None, "linear_only_ratio": None,
+              "from_roof_fraction": None, "to_roof_fraction": None}
     if len(clean) < 2 or clean[0][x_key] == clean[-1][x_key]:
         return result
     first, last = clean[0], clean[-1]
@@ -76,6 +78,7 @@ def growth(records: list[dict], x_key: str, predicted: dict) -> dict:
             "measured_ratio": last["time_s"] / first["time_s"],
             "predicted_ratio": predicted["predicted_time_s"][j] / predicted["predicted_time_s"][i],
             "linear_only_ratio": predicted["linear_only_s"][j] / predicted["linear_only_s"][i],
+            "from_roof_fraction": first.get("roof_fraction"), "to_roof_fraction": last.get("roof_fraction"),
             "device_name": machine_of(last)}
 
 
@@ -85,9 +88,11 @@ def growth_line(g: dict, x_name: str = "P") -> str:
     if g["measured_ratio"] is None:
         return (f"Too few trustworthy points to compare{noisy}: the machine was busy while they were "
                 "measured. Move the slider to re-measure them once it is quieter.")
+    efficiency = efficiency_clause({"roof_fraction": g.get("to_roof_fraction")}, {"roof_fraction": g.get("from_roof_fraction")},
+                                   f"one at {x_name} = {g['to']:,}", f"prefill at {x_name} = {g['from']:,}")
     return (f"On {g['device_name']}: {x_name} from {g['from']:,} to {g['to']:,} is {g['x_ratio']:.1f}× the tokens; "
             f"measured time {g['measured_ratio']:.1f}×; predicted {g['predicted_ratio']:.1f}× with attention, "
-            f"{g['linear_only_ratio']:.1f}× without{noisy}.")
+            f"{g['linear_only_ratio']:.1f}× without{noisy}{efficiency}.")
 
 # ---- lesson 03: FlashAttention
 def attention_traffic(prompts: list[int], heads: int, kv_heads: int, head_dim: int, dtype: str = "bf16",
