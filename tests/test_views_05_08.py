@@ -83,6 +83,17 @@ def test_split_lab_follows_the_dropdown_and_the_batch():
     assert len(explore.lever_rows()) == len(workloads.WORKLOADS)
 
 
+def test_a_narrow_split_bar_is_labelled_inside_its_neighbour():
+    """Lesson 07's 2-3% bars clipped their own labels to a sliver: a share under NARROW_PCT is
+    named in the wide bar beside it, and every share still appears once on the chart."""
+    split = {"titles": ["Chat", "Summarise", "Even"], "prefill_pct": [2.4, 97.0, 50.0],
+             "decode_pct": [97.6, 3.0, 50.0], "label": "t"}
+    fig = views.split_figure(split, "t")
+    assert list(fig.data[0].text) == ["", "97% (decode 3%)", "50%"]
+    assert list(fig.data[1].text) == ["98% (prefill 2%)", "", "50%"]
+    assert {bar.textposition for bar in fig.data} == {"inside"}
+
+
 def test_a_lessons_bad_parameters_are_one_clear_error_before_any_widget():
     """Lesson 07's GPU = "B200" ended in ipywidgets' "Invalid selection: value not found"; a
     start outside a slider's range was clamped, the first chart drawn at the value asked for."""

@@ -147,8 +147,9 @@ def split_figure(split: dict, title: str) -> LiveFigure:
     """Prefill and decode shares (%) per workload, stacked horizontal bars (`explore.predicted_split`
     or `explore.measured_split`)."""
     fig = LiveFigure()
-    fig.add_bar(y=[], x=[], orientation="h", name="prefill", marker=dict(color=SPLIT_COLOURS["prefill_pct"]))
-    fig.add_bar(y=[], x=[], orientation="h", name="decode", marker=dict(color=SPLIT_COLOURS["decode_pct"]))
+    for key, name in (("prefill_pct", "prefill"), ("decode_pct", "decode")):
+        fig.add_bar(y=[], x=[], orientation="h", name=name, marker=dict(color=SPLIT_COLOURS[key]),
+                    textposition="inside", insidetextanchor="middle")
     fig.update_xaxes(title="share of the request's time (%)", range=[0, 100])
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title, height=380, barmode="stack", legend=dict(orientation="h", y=-0.2, traceorder="normal"),
@@ -157,13 +158,33 @@ def split_figure(split: dict, title: str) -> LiveFigure:
     return fig
 
 
+NARROW_PCT = 8.0  # a bar narrower than this share has no room for its label; its neighbour carries it
+
+
+def split_labels(split: dict) -> dict:
+    """Each bar's label, "62%"; a share under NARROW_PCT is named inside its neighbour's bar
+    instead ("98% (prefill 2%)"), as a 2-3% bar clipped its own label to a sliver."""
+    labels = {"prefill_pct": [], "decode_pct": []}
+    for prefill, decode in zip(split["prefill_pct"], split["decode_pct"]):
+        shown = {"prefill_pct": f"{prefill:.0f}%", "decode_pct": f"{decode:.0f}%"}
+        for key, other, name in (("prefill_pct", "decode_pct", "prefill"), ("decode_pct", "prefill_pct", "decode")):
+            value = prefill if key == "prefill_pct" else decode
+            if value < NARROW_PCT and (100 - value) >= NARROW_PCT:
+                shown[other] += f" ({name} {value:.0f}%)"
+                shown[key] = ""
+        for key in labels:
+            labels[key].append(shown[key])
+    return labels
+
+
 def set_split(fig: LiveFigure, split: dict):
     """Put a split into a `split_figure`; a shape flagged noisy gets pale bars."""
     noisy = split.get("noisy", [False] * len(split["titles"]))
+    labels = split_labels(split)
     with fig.batch_update():
         for trace, key, pale in zip(fig.data, ("prefill_pct", "decode_pct"), ("#ffd8b1", "#c6dbef")):
             trace.y, trace.x = split["titles"], split[key]
-            trace.text = [f"{v:.0f}%" for v in split[key]]
+            trace.text = labels[key]
             trace.marker.color = [pale if flag else SPLIT_COLOURS[key] for flag in noisy]
         fig.layout.title.text = split["label"]
 
