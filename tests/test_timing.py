@@ -257,8 +257,11 @@ def test_point_summary_gives_numbers_and_how_they_were_timed():
              "bound": "memory", "device_name": "a CPU", "samples": 12, "estimator": "fastest", "noisy": False,
              "spread": 0.35, "time_min_s": 0.0094, "time_median_s": 0.0103}
     line = explore.point_summary(point)
+    # in short lines (one of ~80 words was hard to read): the figures, then how they were timed
     assert line == ("measured 9.40 ms (1,812 tokens/s); predicted 4.00 ms; 0.38 of the memory-bound roof "
-                    "(bandwidth; the chapter plans 0.75); on a CPU; fastest of 12 calls, their median 1.1× as long")
+                    "(bandwidth; the chapter plans 0.75)\non a CPU; fastest of 12 calls, their median 1.1× as long")
+    noted = explore.point_summary({**point, "roof_fraction": 1.4, "time_s": 0.0029})
+    assert noted.count("\n") == 2 and noted.split("\n")[2] == explore.point_notes({**point, "roof_fraction": 1.4})[0]
     # the tier whose bandwidth the roof is, and a compute-bound point against peak FLOP/s and 40 %
     assert "0.38 of the memory-bound roof (L3 bandwidth; the chapter plans 0.75)" in explore.point_summary(
         {**point, "roof_tier": "L3", "plan_fraction": 0.75})

@@ -239,18 +239,20 @@ def _median_over_fastest(point: dict) -> float | None:
 
 
 def point_summary(point: dict) -> str:
-    """One measured point in a line for a status bar: measured beside predicted, the rate,
-    how close to the roof, how it was timed, and `point_notes`."""
+    """One measured point for a status bar, in short lines: measured beside predicted, the rate
+    and how close to the roof; where and how it was timed; then each of `point_notes` on a line
+    of its own (one line of ~80 words was hard to read under a chart)."""
     rate = f"{point['tokens_per_s']:,.0f} tokens/s" if point.get("tokens_per_s") else None
     timed = calls_phrase(point.get("estimator", "median"), point["samples"], point.get("spread") or 0.0,
                          _median_over_fastest(point)) if point.get("samples") else None
-    parts = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
-             f"predicted {format_seconds(point['predicted_time_s'])}",
-             roof_phrase(point),
-             f"on {machine_of(point)}",
-             timed, "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None,
-             busy_phrase(point["others_busy_share"]) + ": its time is partly theirs" if point.get("disturbed") else None]
-    return "; ".join(p for p in parts if p) + "".join(f" — {note}" for note in point_notes(point))
+    result = [f"measured {format_seconds(point['time_s'])}" + (f" ({rate})" if rate else ""),
+              f"predicted {format_seconds(point['predicted_time_s'])}",
+              roof_phrase(point)]
+    timing = [f"on {machine_of(point)}", timed,
+              "noisy: the machine was busy, move the slider again to re-measure" if point.get("noisy") else None,
+              busy_phrase(point["others_busy_share"]) + ": its time is partly theirs" if point.get("disturbed") else None]
+    lines = ["; ".join(p for p in result if p), "; ".join(p for p in timing if p), *point_notes(point)]
+    return "\n".join(lines)
 
 
 def recorded_series(recordings: list[dict], x_key: str, y_key: str = "time_s", include_dry_runs: bool = False,

@@ -87,7 +87,9 @@ class ErrorLine:
         self.widget = widgets.HTML("")
 
     def status(self, text: str):
-        self.widget.value = f"<span style='color:#555'>{html.escape(text)}</span>"
+        """`text` in grey; each of its lines ("\\n") on a line of its own."""
+        lines = "<br>".join(html.escape(line) for line in text.split("\n"))
+        self.widget.value = f"<span style='color:#555'>{lines}</span>"
 
     @contextlib.contextmanager
     def guard(self):
