@@ -52,6 +52,15 @@ class ReportExporter(HTMLExporter):
         self.register_preprocessor(static_widgets, enabled=True)
         self.register_preprocessor(add_provenance, enabled=True)
 
+    # A handout, not a notebook: no "In [3]:" beside the code, no "Out[3]:" beside a chart.
+    @default("exclude_input_prompt")
+    def _exclude_input_prompt_default(self):
+        return True
+
+    @default("exclude_output_prompt")
+    def _exclude_output_prompt_default(self):
+        return True
+
     @default("template_file")
     def _template_file_default(self):
         return TEMPLATE_NAME

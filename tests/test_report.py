@@ -46,6 +46,8 @@ def executed_notebook():
              *(nbformat.v4.new_code_cell("lab.widget", outputs=[nbformat.v4.new_output(
                  "execute_result", execution_count=1, data={**widget._repr_mimebundle_()})])
                for widget in (lab.widget, toggle.widget))]
+    for cell in cells:
+        cell.execution_count = 1  # as papermill leaves them: a notebook's page would show "In [1]:"
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["widgets"] = {report.WIDGET_STATE: views.widgets.Widget.get_manager_state()}
     return nb, lab
@@ -58,12 +60,14 @@ def test_each_widget_output_becomes_its_settings_charts_and_status_line_as_stati
     assert report.WIDGET_VIEW not in page and report.WIDGET_STATE not in page  # no widget manager, no CDN
     assert "settings when the notebook finished:</em> prompt length P: 128" in page
     assert "count: chapter" in page  # toggle buttons: the chosen option's label
-    status = re.sub(r"<[^>]+>", "", lab.error.widget.value)  # the status line under the chart
-    assert status.startswith("measured") and html.escape(status, quote=False) in page
+    status = re.sub(r"<[^>]+>", "\n", lab.error.widget.value).strip().split("\n")  # the status under the chart
+    assert status[0].startswith("measured") and len(status) == 2
+    assert f"{html.escape(status[0], quote=False)}<br/>{html.escape(status[1], quote=False)}" in page  # its lines too
     # Both measured points (primed, then the slider's) are in the static chart, as in the lab.
     figures = [_traces(line) for line in page.splitlines() if "Plotly.newPlot(" in line and "measured" in line]
     assert figures and [64, 128] in [trace.get("x") for trace in figures[0] if trace.get("name") == "measured"]
     assert page.count(report.PLOTLYJS_MARK) == 1  # plotly.js inlined once, before the first chart
+    assert not re.search(r'class="jp-(Input|Output)Prompt', page)  # a handout: no "In [1]:" beside the code
 
 
 def test_an_unnamed_choice_is_no_setting():
