@@ -253,3 +253,15 @@ def test_an_estimate_nobody_typed_is_called_a_sample(monkeypatch):
     guess = views.Predict("How many times?", fake_reveal([]), 8.0, unit="×")
     assert "a sample estimate" in guess.answer.value and "your estimate" not in guess.answer.value
     assert "Your estimate" not in guess.answer.value
+
+
+def test_as_sample_renames_the_estimate_only():
+    """Both of `reveal`'s sentences (a number's, a pick's) open with the sample's name; words of
+    the same spelling later in the line (a 'why' that quotes them) stay as written."""
+    number = explore.reveal("q", "×", 8.0, 15.9, 12.2, "a CPU", "Your estimate of it is counted twice")
+    shown = explore.as_sample(number)
+    assert shown["rows"][0] == ("a sample estimate", "8×") and shown["rows"][1:] == number["rows"][1:]
+    assert shown["gap"] == number["gap"].replace("Your estimate is", "The sample estimate is", 1)
+    assert shown["gap"].endswith("Why: Your estimate of it is counted twice.")
+    pick = explore.as_sample(explore.reveal("q", None, "Chat", "RAG", "Chat", "a CPU", "why"))
+    assert pick["gap"].startswith("The sample pick matches the measurement; the formula says RAG.")

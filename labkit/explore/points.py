@@ -207,16 +207,33 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
     def shown(value):
         return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
 
-    rows = [("your estimate", shown(estimate)), (formula_label, shown(formula)),
+    rows = [(YOURS[0], shown(estimate)), (formula_label, shown(formula)),
             (measured_label or f"measured on {machine_name(device_name)}", shown(measured))]
     if unit is None:
         verdict = "matches" if estimate == measured else "differs from"
         agree = "agrees" if formula == measured else f"says {formula}"
-        gap = f"Your pick {verdict} the {measured_noun}; the formula {agree}. Why: {why}."
+        gap = f"{YOURS[1]} {verdict} the {measured_noun}; the formula {agree}. Why: {why}."
     else:
-        gap = (f"Your estimate {_relative(estimate, measured)} the {measured_noun}; the formula "
+        gap = (f"{YOURS[2]} {_relative(estimate, measured)} the {measured_noun}; the formula "
                f"{_relative(formula, measured)} it. Why: {why}.")
     return {"question": question, "rows": rows, "gap": gap}
+
+
+# How `reveal` names the estimate (its row, a pick's sentence, a number's sentence), and how
+# `as_sample` renames it where nobody typed it (a report, nbval: `predict.DEFAULTS`' value).
+YOURS = ("your estimate", "Your pick", "Your estimate")
+SAMPLE = ("a sample estimate", "The sample pick", "The sample estimate")
+
+
+def as_sample(shown: dict) -> dict:
+    """`reveal`'s result with its estimate called a sample, not the reader's: the first row's name
+    and the gap's opening words (a report's reader must not take the recorded default for theirs)."""
+    rows = [(SAMPLE[0] if name == YOURS[0] else name, value) for name, value in shown["rows"]]
+    gap = shown["gap"]
+    for yours, sample in zip(YOURS[1:], SAMPLE[1:]):
+        if gap.startswith(yours + " "):
+            gap = sample + gap[len(yours):]
+    return {**shown, "rows": rows, "gap": gap}
 
 
 def _relative(value: float, reference: float) -> str:

@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 
+from .. import explore
 from ._plotly import go, pio, widgets
 from ..errors import LabError
 
@@ -339,10 +340,9 @@ class Predict(LessonWidget):
             self.input.disabled = self.button.disabled = False
 
     def show(self, reveal: dict):
-        rows, gap = reveal["rows"], reveal["gap"]
         if self.auto:  # nobody typed it: a report's reader must not take it for theirs
-            rows = [("a sample estimate" if name == "your estimate" else name, value) for name, value in rows]
-            gap = gap.replace("Your estimate", "The sample estimate").replace("Your pick", "The sample pick")
+            reveal = explore.as_sample(reveal)
+        rows, gap = reveal["rows"], reveal["gap"]
         rows = "".join(f"<tr><td style='padding:2px 12px 2px 0'>{html.escape(name)}</td>"
                        f"<td style='padding:2px 0'><b>{html.escape(str(value))}</b></td></tr>"
                        for name, value in rows)
