@@ -162,6 +162,34 @@ def test_in_a_real_kernel_an_interrupted_browser_measurement_says_so_and_the_nex
         manager.shutdown_kernel(now=True)
 
 
+def test_in_a_real_kernel_an_interrupted_reveal_clicked_in_the_browser_says_so_and_can_commit_again():
+    """A Predict's commit clicked in JupyterLab (on a subshell) measures on the main thread's
+    event loop, where ipykernel ignores SIGINT: Kernel > Interrupt did nothing for the seconds the
+    reveal's measurement took. It stops it, as it stops a slider's."""
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        button_id = run(client, (
+            "import time\nfrom labkit import views\n"
+            "def reveal(estimate):\n    time.sleep(3)\n    return {'question': 'q', 'rows': [], 'gap': 'done'}\n"
+            "ask = views.Predict('How long?', reveal, default=1.0, unit='ms')\nask.input.value = '2'\n"
+            "print(ask.button.model_id)"))
+        subshell = subshell_of(client)
+        run(client, f"ask.button.comm._reply_subshell_id = {subshell!r}")  # as ipykernel 7.4 records a click's thread
+        msg = client.session.msg("comm_msg", {"comm_id": button_id, "data": {
+            "method": "custom", "content": {"event": "click"}}})
+        msg["header"]["subshell_id"] = subshell
+        client.shell_channel.send(msg)
+        time.sleep(1.0)
+        assert "measuring on this machine" in run(client, "print(ask.error.widget.value)", subshell)
+        manager.interrupt_kernel()  # Kernel > Interrupt
+        time.sleep(0.5)
+        said = run(client, "print(ask.error.widget.value, ask.button.disabled, ask.answer.value == '')", subshell)
+        assert "interrupted: commit again to measure" in said and said.endswith("False True"), said
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def subshell_of(client) -> str:
     """A new subshell of the kernel (JEP 91's create_subshell_request, as JupyterLab sends)."""
     client.control_channel.send(client.session.msg("create_subshell_request", {}))

@@ -197,19 +197,8 @@ class LessonWidget:
         self._pending = self._home.call_later(self.COALESCE_S, self._run_pending)
 
     def _run_pending(self):
-        """`on_change` from the event loop. Outside a message's handler ipykernel ignores SIGINT, so
-        Kernel > Interrupt would do nothing for the seconds a measurement takes: it is made to raise
-        here, as in a handler, and the status line says the measurement was interrupted."""
         self._pending = None
-        on_main = threading.current_thread() is threading.main_thread()
-        before = signal.signal(signal.SIGINT, signal.default_int_handler) if on_main else None
-        try:
-            self.on_change()
-        except KeyboardInterrupt:
-            pass  # on_change said so in the status line; there is no cell to stop
-        finally:
-            if on_main:
-                signal.signal(signal.SIGINT, before)
+        _interruptibly(self.on_change)
 
     def on_change(self, _change=None):
         """Control callback: compute once at the controls' values, draw, say what happened. An
@@ -253,6 +242,21 @@ class LessonWidget:
         self.widget.children = self.widget.children[:-1]
 
 
+def _interruptibly(call):
+    """`call()` (a measurement) from the event loop. Outside a message's handler ipykernel ignores
+    SIGINT, so Kernel > Interrupt would do nothing for the seconds a measurement takes: it is made
+    to raise here, as in a handler; `call` says so in its status line, and there is no cell to stop."""
+    on_main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler) if on_main else None
+    try:
+        call()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if on_main:
+            signal.signal(signal.SIGINT, before)
+
+
 def _running_loop():
     """The event loop running this call (ipykernel's, inside a kernel), or None (a script, a test)."""
     try:
@@ -294,7 +298,10 @@ class Predict(LessonWidget):
         self.widget = widgets.VBox([widgets.HTML(f"<b>Question.</b> {html.escape(question)}"),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
-        self.button.on_click(lambda _button: self.at_home(self.commit))
+        # a click from another thread (a subshell) runs on the main thread's event loop, where an
+        # interrupt must still stop the measurement (`_interruptibly`)
+        self.button.on_click(lambda _button: self.at_home(
+            self.commit if threading.get_ident() == self._home_thread else lambda: _interruptibly(self.commit)))
         self.name, self.auto = name, os.environ.get("LABKIT_AUTO_REVEAL") == "1"
         if self.auto:
             self.input.value = default if options else f"{default:g}"
