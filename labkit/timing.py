@@ -188,7 +188,7 @@ def calls_phrase(estimator: str, calls: int, spread: float, median_over_fastest:
         return f"median of {calls} samples, spread {spread:.0%}"
     if median_over_fastest is None or not math.isfinite(median_over_fastest):
         return f"fastest of {calls} calls"
-    return f"fastest of {calls} calls, their median {median_over_fastest:.3g}× as long"
+    return f"fastest of {calls} calls, their median {median_over_fastest:.2f}× as long"
 
 
 def time_until_stable(fn: Callable[[], object], budget_s: float, max_budget_s: float,

@@ -259,7 +259,7 @@ def test_point_summary_gives_numbers_and_how_they_were_timed():
     line = explore.point_summary(point)
     # in short lines (one of ~80 words was hard to read): the figures, then how they were timed
     assert line == ("measured 9.40 ms (1,812 tokens/s); predicted 4.00 ms; 0.38 of the memory-bound roof "
-                    "(bandwidth; the chapter plans 0.75)\non a CPU; fastest of 12 calls, their median 1.1× as long")
+                    "(bandwidth; the chapter plans 0.75)\non a CPU; fastest of 12 calls, their median 1.10× as long")
     noted = explore.point_summary({**point, "roof_fraction": 1.4, "time_s": 0.0029})
     assert noted.count("\n") == 2 and noted.split("\n")[2] == explore.point_notes({**point, "roof_fraction": 1.4})[0]
     # the tier whose bandwidth the roof is, and a compute-bound point against peak FLOP/s and 40 %
@@ -277,6 +277,8 @@ def test_how_a_figure_was_timed_reads_as_the_machines_load_not_an_error_of_the_f
     a median keeps its spread; a recording without a median says only how many calls."""
     from labkit.timing import calls_phrase
     assert calls_phrase("fastest", 50, 10.75, 1.0512) == "fastest of 50 calls, their median 1.05× as long"
+    # a median within half a percent of the fastest read "1× as long", as if rounded away: two decimals
+    assert calls_phrase("fastest", 3, 0.01, 1.0031) == "fastest of 3 calls, their median 1.00× as long"
     assert calls_phrase("median", 9, 0.05) == "median of 9 samples, spread 5%"
     assert calls_phrase("fastest", 3, 0.2) == calls_phrase("fastest", 3, 0.2, float("nan")) == "fastest of 3 calls"
 
