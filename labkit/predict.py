@@ -37,6 +37,12 @@ def _busy(*points: dict) -> str:
     return f"; {busy_phrase(max(shares))}" if shares else ""
 
 
+def _closeness(formula: float, top: dict, bottom: dict, top_name: str, bottom_name: str) -> str:
+    """`explore.efficiency_sentence` for a reveal's two measured points (top ÷ bottom)."""
+    return explore.efficiency_sentence(formula, top.get("roof_fraction"), bottom.get("roof_fraction"),
+                                       top_name, bottom_name)
+
+
 def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = None, measure=None) -> dict:
     """Lesson 01: how many times longer a decode step at `batch` takes than at batch 1.
     `measure(batch=B)`: a decode point at the lab's context and cache dtype (default
@@ -47,10 +53,11 @@ def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = N
     step = lambda b: roofline.predicted_decode_step_s(model, b, context, roof, dtype, cache_dtype, roofline.KERNEL)
     measure = measure or sweeps.bind_decode(model, context_tokens=context, cache_dtype=cache_dtype, device=kind)
     many, one = (measure(batch=b) for b in (batch, 1))  # the longer first, as a slider's `prime` times them
+    formula = step(batch) / step(1)
     return explore.reveal(f"decode step at batch {batch} ÷ batch 1 ({context:,} tokens each)", "×", estimate,
-                          step(batch) / step(1), many["time_s"] / one["time_s"], one["device_name"],
+                          formula, many["time_s"] / one["time_s"], one["device_name"],
                           "one read of the weights serves the whole batch; only the cache and the arithmetic grow"
-                          + explore.efficiency_clause(many, one, f"batch-{batch} one", "batch-1 step") + _busy(many, one))
+                          + _busy(many, one), then=_closeness(formula, many, one, f"batch-{batch} one", "batch-1 step"))
 
 
 def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, device: str | None = None,
@@ -62,11 +69,11 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
     time = lambda p: roofline.predicted_prefill_time_s(model, p, roof, 1, dtype, roofline.KERNEL)
     measure = measure or sweeps.bind_prefill(model, device=kind)
     long, short = (measure(prompt_tokens=p) for p in (high, low))  # the longer first, as `prime`
+    formula = time(high) / time(low)
     return explore.reveal(f"prefill of {high:,} tokens ÷ {low:,} tokens ({high / low:.0f}× the tokens)", "×",
-                          estimate, time(high) / time(low), long["time_s"] / short["time_s"], short["device_name"],
-                          "the attention term grows with the square of the prompt"
-                          + explore.efficiency_clause(long, short, f"{high:,}-token one", f"{low:,}-token prefill")
-                          + _busy(long, short))
+                          estimate, formula, long["time_s"] / short["time_s"], short["device_name"],
+                          "the attention term grows with the square of the prompt" + _busy(long, short),
+                          then=_closeness(formula, long, short, f"{high:,}-token one", f"{low:,}-token prefill"))
 
 
 def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int, head_dim: int,
@@ -106,13 +113,13 @@ def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=No
     points = sorted(sweep(), key=lambda p: p["context_tokens"])
     empty, full = points[0], points[-1]
     shortest = f"{empty['context_tokens']:,} tokens" if empty["context_tokens"] else "none"
+    formula = step(full["context_tokens"]) / step(empty["context_tokens"])
     return explore.reveal(f"decode step at {full['context_tokens']:,} tokens of context ÷ at {shortest} (batch 1)",
-                          "×", estimate,
-                          step(full["context_tokens"]) / step(empty["context_tokens"]),
-                          full["time_s"] / empty["time_s"], empty["device_name"],
+                          "×", estimate, formula, full["time_s"] / empty["time_s"], empty["device_name"],
                           "every step reads the whole cache: its share of the read grows with the context"
-                          + explore.efficiency_clause(full, empty, "one at the longest", "step at the shortest context")
-                          + _busy(empty, full))
+                          + _busy(empty, full),
+                          then=_closeness(formula, full, empty, f"one at {full['context_tokens']:,} tokens",
+                                          f"step at {shortest}" if empty["context_tokens"] else "step with no context"))
 
 
 def reveal_static_utilisation(estimate: float, requests, max_batch: int, step_time_s, label: str) -> dict:

@@ -197,30 +197,41 @@ def test_a_reveal_says_when_the_machine_was_busy_while_its_points_were_timed():
 def test_a_reveal_says_how_close_each_point_came_to_its_roof_when_that_differs():
     """Lesson 02 measured 11.7-14.1x where the formula says 15.9x and the reveal only said the
     attention term grows with the square: the short prompt ran further below its roof than the
-    long one (0.51 against 0.57 on the 2-core Zen 5). The measured ratio is exactly the ratio of
-    the roof times times the fractions' ratio, so the line gives both fractions and that factor,
-    and nothing where they are within EFFICIENCY_GAP."""
+    long one (0.51 against 0.57 on the 2-core Zen 5). A sentence after the why gives both
+    fractions and works the formula's ratio through them; none where they are within EFFICIENCY_GAP."""
     uneven = {512: {**_point(0.0152), "roof_fraction": 0.51}, 4096: {**_point(0.2144), "roof_fraction": 0.57}}
-    gap = predict.reveal_prefill_growth(8.0, device="cpu", measure=lambda prompt_tokens: uneven[prompt_tokens])["gap"]
-    assert gap.endswith("square of the prompt; measured, the 512-token prefill ran at 51% of its roof and the "
-                        "4,096-token one at 57%, which makes the measured ratio 0.89 times what it would be if both "
-                        "ran equally close to their roofs.")
+    out = predict.reveal_prefill_growth(8.0, device="cpu", measure=lambda prompt_tokens: uneven[prompt_tokens])
+    formula = float(out["rows"][1][1].rstrip("×"))
+    assert out["gap"].endswith(
+        f"square of the prompt. The 512-token prefill ran at 0.51 of its roof and the 4,096-token one at 0.57, "
+        f"which scales the formula's {formula:.3g}× by 0.51 ÷ 0.57 to ≈ {formula * 0.51 / 0.57:.3g}×.")
     even = {512: {**_point(0.0152), "roof_fraction": 0.56}, 4096: {**_point(0.2144), "roof_fraction": 0.57}}
     gap = predict.reveal_prefill_growth(8.0, device="cpu", measure=lambda prompt_tokens: even[prompt_tokens])["gap"]
     assert gap.endswith("square of the prompt.")
     steps = {1: {**_point(0.001), "roof_fraction": 0.8}, 16: {**_point(0.003), "roof_fraction": 0.6}}
     gap = predict.reveal_decode_batch(16.0, device="cpu", measure=lambda batch: steps[batch])["gap"]
-    assert "the batch-1 step ran at 80% of its roof and the batch-16 one at 60%" in gap and "1.33 times" in gap
+    assert "grow. The batch-1 step ran at 0.80 of its roof and the batch-16 one at 0.60, which scales" in gap
+    busy = {1: {**_point(0.001, 0.4), "roof_fraction": 0.8}, 16: {**_point(0.003), "roof_fraction": 0.6}}
+    gap = predict.reveal_decode_batch(16.0, device="cpu", measure=lambda batch: busy[batch])["gap"]
+    assert "while it was timed. The batch-1 step ran at 0.80" in gap  # the busy note stays in the why
 
 
-def test_the_efficiency_factor_is_what_turns_the_roof_ratio_into_the_measured_one():
-    """The clause's factor is an identity, not a story: roof-time ratio × factor = measured ratio."""
-    short = {"time_s": 0.015, "predicted_time_s": 0.0075, "roof_fraction": 0.0075 / 0.015}
-    long = {"time_s": 0.21, "predicted_time_s": 0.12, "roof_fraction": 0.12 / 0.21}
-    said = explore.efficiency_clause(long, short, "long one", "short prefill")
-    factor = float(said.split("measured ratio ")[1].split(" times")[0])
+def test_the_efficiency_sentence_works_the_roof_ratio_into_the_measured_one():
+    """The sentence's arithmetic is an identity, not a story: roof-time ratio × bottom's fraction ÷
+    top's = the measured ratio (to the fractions' two printed decimals); it prints what it uses."""
+    short = {"time_s": 0.015, "predicted_time_s": 0.0075}
+    long = {"time_s": 0.21, "predicted_time_s": 0.12}
+    for point in (short, long):
+        point["roof_fraction"] = point["predicted_time_s"] / point["time_s"]  # as measure.roof_fraction
     roof_ratio = long["predicted_time_s"] / short["predicted_time_s"]
-    assert roof_ratio * factor == pytest.approx(long["time_s"] / short["time_s"], rel=0.01)
+    said = explore.efficiency_sentence(roof_ratio, long["roof_fraction"], short["roof_fraction"], "long one",
+                                       "short prefill")
+    assert said == (f"The short prefill ran at 0.50 of its roof and the long one at 0.57, which scales the formula's "
+                    f"{roof_ratio:.3g}× by 0.50 ÷ 0.57 to ≈ {roof_ratio * 0.50 / 0.57:.3g}×.")
+    assert roof_ratio * 0.50 / 0.57 == pytest.approx(long["time_s"] / short["time_s"], rel=0.01)
+    assert explore.efficiency_sentence(2.0, 0.121, 0.124, "a", "b") == ""  # within EFFICIENCY_GAP
+    assert explore.efficiency_sentence(2.0, 0.101, 0.1049, "a", "b") == ""  # 4% apart, but 0.10 and 0.10 printed
+    assert explore.efficiency_sentence(2.0, None, 0.5, "a", "b") == ""
 
 
 def test_what_shows_the_measurement_waits_for_the_estimate_or_a_click(monkeypatch):

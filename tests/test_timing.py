@@ -212,12 +212,12 @@ def test_growth_line_states_the_ratios():
 
 def test_growth_line_gives_each_ends_fraction_of_its_roof_when_they_differ():
     """The growth measured below the formula's because the shortest prompt ran further below its
-    roof: the line names both fractions and the factor they make."""
+    roof: a sentence names both fractions and works the predicted ratio through them."""
     g = explore.growth([{**_rec(512, 1.0), "roof_fraction": 0.51}, {**_rec(4096, 14.1), "roof_fraction": 0.57}],
                        "prompt_tokens", PREDICTED)
-    assert explore.growth_line(g).endswith("8.0× without; measured, the prefill at P = 512 ran at 51% of its roof "
-                                           "and the one at P = 4,096 at 57%, which makes the measured ratio 0.89 "
-                                           "times what it would be if both ran equally close to their roofs.")
+    assert explore.growth_line(g).endswith("8.0× without. The prefill at P = 512 ran at 0.51 of its roof and the one "
+                                           "at P = 4,096 at 0.57, which scales the predicted 15× by 0.51 ÷ 0.57 "
+                                           "to ≈ 13.4×.")
 
 
 def test_split_extremes_skip_noisy_shapes():

@@ -92,6 +92,8 @@ def test_a_narrow_split_bar_is_labelled_inside_its_neighbour():
     assert list(fig.data[0].text) == ["", "97% (decode 3%)", "50%"]
     assert list(fig.data[1].text) == ["98% (prefill 2%)", "", "50%"]
     assert {bar.textposition for bar in fig.data} == {"inside"}
+    odd = views.split_labels({"prefill_pct": [3.0, 99.7], "decode_pct": [4.0, 0.3]})  # both narrow; under 0.5%
+    assert odd == {"prefill_pct": ["3%", "100% (decode <1%)"], "decode_pct": ["4%", ""]}
 
 
 def test_a_lessons_bad_parameters_are_one_clear_error_before_any_widget():

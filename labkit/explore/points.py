@@ -77,22 +77,26 @@ def roof_phrase(point: dict) -> str | None:
     return said
 
 
-EFFICIENCY_GAP = 0.05  # fractions of roof that differ by less than this are not worth a clause
+EFFICIENCY_GAP = 0.05  # two fractions of roof whose ratio lies within this of 1 are not worth a sentence
 
 
-def efficiency_clause(top: dict, bottom: dict, top_name: str, bottom_name: str) -> str:
-    """Why a measured ratio of two times (`top` ÷ `bottom`, measured points) differs from the
-    formula's: each point's fraction of its own roof. top ÷ bottom measured is exactly the ratio
-    of their roof times × (bottom's fraction ÷ top's), so a short prompt that runs further below
-    its roof than a long one makes the measured growth smaller than the formula's (lab-cpu on the
-    2-core Zen 5: a 512-token prefill at 0.51 of its roof, a 4,096-token one at 0.57, 14.1x
-    measured against 15.9x). '' when either fraction is missing or they are within EFFICIENCY_GAP."""
-    f_top, f_bottom = top.get("roof_fraction"), bottom.get("roof_fraction")
-    if not f_top or not f_bottom or abs(f_bottom / f_top - 1) < EFFICIENCY_GAP:
+def efficiency_sentence(formula_ratio: float, top_fraction: float | None, bottom_fraction: float | None,
+                        top_name: str, bottom_name: str, formula_name: str = "the formula's") -> str:
+    """Why a measured ratio of two times (top ÷ bottom) differs from the formula's, as a sentence:
+    each point's fraction of its own roof (`measure.roof_fraction`: roof time ÷ measured time).
+    Measured top ÷ bottom is exactly the roof times' ratio × bottom's fraction ÷ top's, so a short
+    prompt that runs further below its roof than a long one makes the measured growth smaller
+    than the formula's (lab-cpu on the 2-core Zen 5: a 512-token prefill at 0.51 of its roof, a
+    4,096-token one at 0.57; 15.9x by the formula, 14.1x measured). The sentence works the scaling
+    from the fractions it prints, so its arithmetic checks by hand. '' when a fraction is missing,
+    their ratio lies within EFFICIENCY_GAP of 1, or they print alike."""
+    if not top_fraction or not bottom_fraction or abs(bottom_fraction / top_fraction - 1) < EFFICIENCY_GAP:
         return ""
-    return (f"; measured, the {bottom_name} ran at {f_bottom:.0%} of its roof and the {top_name} at {f_top:.0%}, "
-            f"which makes the measured ratio {f_bottom / f_top:.2f} times what it would be if both ran equally "
-            "close to their roofs")
+    top, bottom = round(top_fraction, 2), round(bottom_fraction, 2)
+    if top == bottom or not top:
+        return ""
+    return (f"The {bottom_name} ran at {bottom:.2f} of its roof and the {top_name} at {top:.2f}, which scales "
+            f"{formula_name} {formula_ratio:.3g}× by {bottom:.2f} ÷ {top:.2f} to ≈ {formula_ratio * bottom / top:.3g}×.")
 
 
 def in_turn_parts(in_turn, roof) -> bool:
@@ -196,14 +200,20 @@ def point_notes(point: dict) -> list[str]:
     return [note for note in notes if note]
 
 
+# How `reveal` names the estimate (its row, a pick's sentence, a number's sentence), and how
+# `as_sample` renames it where nobody typed it (a report, nbval: `predict.DEFAULTS`' value).
+YOURS = ("your estimate", "Your pick", "Your estimate")
+SAMPLE = ("a sample estimate", "The sample pick", "The sample estimate")
+
+
 def reveal(question: str, unit: str | None, estimate, formula, measured, device_name: str, why: str,
            formula_label: str = "the formula, on this machine's calibrated roofline",
-           measured_label: str | None = None, measured_noun: str = "measurement") -> dict:
+           measured_label: str | None = None, measured_noun: str = "measurement", then: str = "") -> dict:
     """A committed estimate beside the formula's answer and the measurement, with one line on the
     gap (`views.Predict` shows it). `unit` None: a choice, compared for equality; else numbers,
     compared as ratios (within a quarter counts as close). What is not measured directly says
     what it is (`measured_label`, `measured_noun`: lesson 05's figure is a simulation run on
-    measured step times)."""
+    measured step times). `then`: a sentence after the why (`efficiency_sentence`)."""
     def shown(value):
         return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
 
@@ -216,13 +226,8 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
     else:
         gap = (f"{YOURS[2]} {_relative(estimate, measured)} the {measured_noun}; the formula "
                f"{_relative(formula, measured)} it. Why: {why}.")
-    return {"question": question, "rows": rows, "gap": gap}
+    return {"question": question, "rows": rows, "gap": gap + (f" {then}" if then else "")}
 
-
-# How `reveal` names the estimate (its row, a pick's sentence, a number's sentence), and how
-# `as_sample` renames it where nobody typed it (a report, nbval: `predict.DEFAULTS`' value).
-YOURS = ("your estimate", "Your pick", "Your estimate")
-SAMPLE = ("a sample estimate", "The sample pick", "The sample estimate")
 
 
 def as_sample(shown: dict) -> dict:

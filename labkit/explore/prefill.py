@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import roofline as r
 from ..specs import HardwareSpec, ModelSpec
 from ..units import machine_of
-from .points import efficiency_clause
+from .points import efficiency_sentence
 
 # ---- lesson 02: prefill's two terms
 def prefill_terms(model: ModelSpec, prompts: list[int], counting: r.Counting = r.CHAPTER) -> dict:
@@ -88,11 +88,12 @@ def growth_line(g: dict, x_name: str = "P") -> str:
     if g["measured_ratio"] is None:
         return (f"Too few trustworthy points to compare{noisy}: the machine was busy while they were "
                 "measured. Move the slider to re-measure them once it is quieter.")
-    efficiency = efficiency_clause({"roof_fraction": g.get("to_roof_fraction")}, {"roof_fraction": g.get("from_roof_fraction")},
-                                   f"one at {x_name} = {g['to']:,}", f"prefill at {x_name} = {g['from']:,}")
+    efficiency = efficiency_sentence(g["predicted_ratio"], g.get("to_roof_fraction"), g.get("from_roof_fraction"),
+                                     f"one at {x_name} = {g['to']:,}", f"prefill at {x_name} = {g['from']:,}",
+                                     "the predicted")
     return (f"On {g['device_name']}: {x_name} from {g['from']:,} to {g['to']:,} is {g['x_ratio']:.1f}× the tokens; "
             f"measured time {g['measured_ratio']:.1f}×; predicted {g['predicted_ratio']:.1f}× with attention, "
-            f"{g['linear_only_ratio']:.1f}× without{noisy}{efficiency}.")
+            f"{g['linear_only_ratio']:.1f}× without{noisy}." + (f" {efficiency}" if efficiency else ""))
 
 # ---- lesson 03: FlashAttention
 def attention_traffic(prompts: list[int], heads: int, kv_heads: int, head_dim: int, dtype: str = "bf16",

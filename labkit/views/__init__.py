@@ -28,5 +28,5 @@ from .measured import (MeasureLab, SliderLab, add_band, add_recorded, add_tier_m
 from .prefill import (ToggleView, cost_bars_figure, error_histogram_figure, memory_figure, prefill_split_figure,
                       prefill_terms_figure, roofline_figure, set_share_curves, share_figure, traffic_figure)
 from .serving import (BatchingLab, ChunkLab, SplitLab, batching_figure, interference_bars_figure, interference_figure,
-                      set_batching, set_interference, set_interference_bars, set_split, split_figure,
+                      set_batching, set_interference, set_interference_bars, set_split, split_figure, split_labels,
                       step_time_figure)

@@ -247,14 +247,16 @@ def _interruptibly(call):
     SIGINT, so Kernel > Interrupt would do nothing for the seconds a measurement takes: it is made
     to raise here, as in a handler; `call` says so in its status line, and there is no cell to stop."""
     on_main = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGINT, signal.default_int_handler) if on_main else None
-    try:
+    before = signal.getsignal(signal.SIGINT) if on_main else None
+    try:  # installed inside the try: an interrupt just after it still ends here, not in the event loop
+        if on_main:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         call()
     except KeyboardInterrupt:
         pass
     finally:
-        if on_main:
-            signal.signal(signal.SIGINT, before)
+        if on_main:  # a handler installed outside Python reads as None, which signal.signal refuses
+            signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
 
 
 def _running_loop():
@@ -300,8 +302,7 @@ class Predict(LessonWidget):
         self.widget.add_class("labkit-predict")
         # a click from another thread (a subshell) runs on the main thread's event loop, where an
         # interrupt must still stop the measurement (`_interruptibly`)
-        self.button.on_click(lambda _button: self.at_home(
-            self.commit if threading.get_ident() == self._home_thread else lambda: _interruptibly(self.commit)))
+        self.button.on_click(lambda _button: self.at_home(lambda: _interruptibly(self.commit)))
         self.name, self.auto = name, os.environ.get("LABKIT_AUTO_REVEAL") == "1"
         if self.auto:
             self.input.value = default if options else f"{default:g}"

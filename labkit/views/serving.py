@@ -163,17 +163,20 @@ NARROW_PCT = 8.0  # a bar narrower than this share has no room for its label; it
 
 def split_labels(split: dict) -> dict:
     """Each bar's label, "62%"; a share under NARROW_PCT is named inside its neighbour's bar
-    instead ("98% (prefill 2%)"), as a 2-3% bar clipped its own label to a sliver."""
+    instead ("98% (prefill 2%)"), as a 2-3% bar clipped its own label to a sliver, unless the
+    neighbour is narrow too; a share under half a percent reads "<1%", not "0%"."""
+    def pct(value: float) -> str:
+        return "<1%" if 0 < value < 0.5 else f"{value:.0f}%"
+
     labels = {"prefill_pct": [], "decode_pct": []}
     for prefill, decode in zip(split["prefill_pct"], split["decode_pct"]):
-        shown = {"prefill_pct": f"{prefill:.0f}%", "decode_pct": f"{decode:.0f}%"}
-        for key, other, name in (("prefill_pct", "decode_pct", "prefill"), ("decode_pct", "prefill_pct", "decode")):
-            value = prefill if key == "prefill_pct" else decode
-            if value < NARROW_PCT and (100 - value) >= NARROW_PCT:
-                shown[other] += f" ({name} {value:.0f}%)"
-                shown[key] = ""
-        for key in labels:
-            labels[key].append(shown[key])
+        prefill_label, decode_label = pct(prefill), pct(decode)
+        if prefill < NARROW_PCT <= decode:
+            prefill_label, decode_label = "", f"{decode_label} (prefill {prefill_label})"
+        elif decode < NARROW_PCT <= prefill:
+            prefill_label, decode_label = f"{prefill_label} (decode {decode_label})", ""
+        labels["prefill_pct"].append(prefill_label)
+        labels["decode_pct"].append(decode_label)
     return labels
 
 
