@@ -229,7 +229,6 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
     return {"question": question, "rows": rows, "gap": gap + (f" {then}" if then else "")}
 
 
-
 def as_sample(shown: dict) -> dict:
     """`reveal`'s result with its estimate called a sample, not the reader's: the first row's name
     and the gap's opening words (a report's reader must not take the recorded default for theirs)."""
