@@ -140,6 +140,35 @@ def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the
         manager.shutdown_kernel(now=True)
 
 
+def test_in_a_real_kernel_the_first_move_made_while_a_cell_runs_is_said_at_once():
+    """ipykernel 7.4 sends a comm's incoming messages to the subshell it last spoke from, and a
+    control made by a cell last spoke from the main thread: in JupyterLab the first move made
+    while a later cell ran waited silently behind that cell (seen in Chromium: three moves during
+    a 20 s cell, none said until it ended). The lab's controls are routed by the header, as
+    JupyterLab names the subshell in it."""
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        comm_id = run(client, (
+            "import time\nfrom labkit import views\nslider = views.int_slider('B', 1, 1, 64, 1)\n"
+            "widget = views.LessonWidget({'batch': slider}, [], lambda batch: batch, draw=lambda r: None, "
+            "describe=lambda r: f'measured B={r}', busy='measuring')\n"
+            "slider.description = 'B'  # the control speaks once more from the main thread, as a cell may\n"
+            "print(slider.model_id)"))
+        subshell = subshell_of(client)
+        cell = client.execute("time.sleep(2.0)")
+        time.sleep(0.3)
+        send_update(client, comm_id, 9, subshell)  # the control's first message from the browser
+        time.sleep(0.5)
+        assert run(client, "print(widget.error.widget.value)", subshell) == (
+            "<span style='color:#555'>measuring B = 9 once the running cell has finished …</span>")
+        wait_idle(client, cell)
+        time.sleep(1.0)
+        assert "measured B=9" in run(client, "print(widget.error.widget.value)")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def test_in_a_real_kernel_an_interrupted_browser_measurement_says_so_and_the_next_move_measures():
     manager, client = start_new_kernel(kernel_name="python3")
     try:

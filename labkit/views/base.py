@@ -128,7 +128,8 @@ class LessonWidget:
     `labkit/__init__.py`). Later: clicks made while a measurement ran (a toggle tried
     four ways, a slider stepped with the arrow keys) arrive together when it ends, and only the
     newest values are measured, not every step in turn. A change made in a cell's code (a test, a
-    cell setting `.value`) is computed before the assignment returns, as it always was.
+    cell setting `.value`) is computed before the assignment returns, as it always was. A move made
+    while a cell runs is said at once and measured after it (`_routed_by_header`: the first one too).
     """
 
     COALESCE_S = 0.05  # the changes queued behind a measurement all arrive within this (ms apart)
@@ -146,6 +147,7 @@ class LessonWidget:
             if hasattr(control, "continuous_update"):
                 control.continuous_update = False
             control.observe(self.on_control, names="value")
+            _routed_by_header(control)
         # The controls wrap as whole widgets: two 420 px sliders and a toggle overflow a notebook's
         # ~960 px output, and unwrapped the toggle was squeezed until its own buttons broke a line.
         row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
@@ -242,6 +244,21 @@ class LessonWidget:
         self.widget.children = self.widget.children[:-1]
 
 
+def _routed_by_header(widget):
+    """Let the browser's messages for `widget` reach the thread their header names. ipykernel 7.4
+    sends a comm's incoming messages to the subshell it last spoke from: a control made by a cell
+    last spoke from the main thread, so its first move in JupyterLab (which sends every widget
+    message to a subshell) waited behind whatever cell ran then, in silence, and only the moves
+    after it reached the subshell. Measured in Chromium with JupyterLab 4.6.6 and ipykernel 7.4.0,
+    a 20 s cell running: three moves, none said until the cell ended. Routed by their header, the
+    moves reach `on_control` at once on the subshell, which says so and hands them to the main
+    thread (Voilà sends no subshell: the main thread, as before). Where ipykernel has no such
+    routing (before 7.4) there is nothing to undo."""
+    comm = getattr(widget, "comm", None)
+    if comm is not None and hasattr(comm, "_reply_subshell_for"):
+        comm._reply_subshell_for = lambda _data, named: named
+
+
 def _interruptibly(call):
     """`call()` (a measurement) from the event loop. Outside a message's handler ipykernel ignores
     SIGINT, so Kernel > Interrupt would do nothing for the seconds a measurement takes: it is made
@@ -303,6 +320,8 @@ class Predict(LessonWidget):
         # a click from another thread (a subshell) runs on the main thread's event loop, where an
         # interrupt must still stop the measurement (`_interruptibly`)
         self.button.on_click(lambda _button: self.at_home(lambda: _interruptibly(self.commit)))
+        for control in (self.input, self.button):  # the estimate's text reaches the kernel before the click
+            _routed_by_header(control)
         self.name, self.auto = name, os.environ.get("LABKIT_AUTO_REVEAL") == "1"
         if self.auto:
             self.input.value = default if options else f"{default:g}"
