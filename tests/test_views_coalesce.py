@@ -23,6 +23,11 @@ def browser_update(control, value):
     control._handle_msg({"content": {"data": {"method": "update", "state": {"value": value}}}})
 
 
+def browser_pick(control, index: int):
+    """What ipywidgets does with a toggle's or a dropdown's 'update': the front end sends its index."""
+    control._handle_msg({"content": {"data": {"method": "update", "state": {"index": index}}}})
+
+
 def counting_widget(computed: list):
     slider = views.int_slider("B", 1, 1, 64, 1)
     return views.LessonWidget({"batch": slider}, [], lambda batch: computed.append(batch) or batch,
@@ -74,6 +79,29 @@ def test_a_change_in_code_is_computed_before_the_assignment_returns():
     widget = counting_widget(computed)  # and with no loop at all (a script, a test)
     browser_update(widget.controls["batch"], 8)
     assert computed == [7, 9, 8]
+
+
+def test_a_toggle_or_dropdown_picked_in_the_browser_is_coalesced_like_a_slider():
+    """A toggle's front end sends its index, and the value follows under ipywidgets' lock on
+    `index` only: lesson 04's cache toggle was taken for a change made in code, measured at once
+    for every click, none coalesced."""
+    computed = []
+
+    async def in_a_cell():
+        for control in (views.toggle("cache", ["fp32", "bf16", "int8"], "fp32"),
+                        views.widgets.Dropdown(options=["H100-SXM", "H200"], value="H100-SXM")):
+            computed.clear()
+            widget = views.LessonWidget({"pick": control}, [], lambda pick: computed.append(pick) or pick,
+                                        draw=lambda result: None)
+            for index in (1, 2, 1):
+                browser_pick(control, index % len(control.options))
+            assert computed == []  # not yet: the picks wait COALESCE_S for those behind them
+            await asyncio.sleep(4 * widget.COALESCE_S)
+            assert computed == [control.options[1]]  # once, at the newest pick
+            control.value = control.options[0]  # in code: at once, as before
+            assert computed == [control.options[1], control.options[0]]
+
+    asyncio.run(in_a_cell())
 
 
 def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the_main_thread():
@@ -311,6 +339,13 @@ def test_an_interrupted_reveal_leaves_the_estimate_open_to_commit_again():
     assert "interrupted: commit again to measure" in ask.error.widget.value
     ask.commit()
     assert calls == [2.0, 2.0] and ask.button.disabled and "<p>g</p>" in ask.answer.value
+    # a click made in a cell's code: the interrupt stops that cell, as it would any
+    calls.clear()
+    clicked = views.Predict("How long?", reveal, default=1.0, unit="ms")
+    clicked.input.value = "3"
+    with pytest.raises(KeyboardInterrupt):
+        clicked.button.click()
+    assert calls == [3.0] and not clicked.button.disabled
 
 
 def test_the_status_line_names_each_control_as_its_label_reads():

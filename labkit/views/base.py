@@ -248,12 +248,13 @@ def _routed_by_header(widget):
     """Let the browser's messages for `widget` reach the thread their header names. ipykernel 7.4
     sends a comm's incoming messages to the subshell it last spoke from: a control made by a cell
     last spoke from the main thread, so its first move in JupyterLab (which sends every widget
-    message to a subshell) waited behind whatever cell ran then, in silence, and only the moves
-    after it reached the subshell. Measured in Chromium with JupyterLab 4.6.6 and ipykernel 7.4.0,
-    a 20 s cell running: three moves, none said until the cell ended. Routed by their header, the
-    moves reach `on_control` at once on the subshell, which says so and hands them to the main
-    thread (Voilà sends no subshell: the main thread, as before). Where ipykernel has no such
-    routing (before 7.4) there is nothing to undo."""
+    message to a subshell, unless its "Kernel Comms over subshells" setting is off) waited behind
+    whatever cell ran then, in silence, and only the moves after it reached the subshell. Measured
+    in Chromium with JupyterLab 4.6.6 and ipykernel 7.4.0, a 20 s cell running: three moves, none
+    said until the cell ended. Routed by their header, the moves reach `on_control` at once on the
+    subshell, which says so and hands them to the main thread (Voilà sends no subshell: the main
+    thread, as before). What the routing is for, a reply to a request with an id, these controls
+    never receive. Where ipykernel has no such routing (before 7.4) there is nothing to undo."""
     comm = getattr(widget, "comm", None)
     if comm is not None and hasattr(comm, "_reply_subshell_for"):
         comm._reply_subshell_for = lambda _data, named: named
@@ -262,18 +263,26 @@ def _routed_by_header(widget):
 def _interruptibly(call):
     """`call()` (a measurement) from the event loop. Outside a message's handler ipykernel ignores
     SIGINT, so Kernel > Interrupt would do nothing for the seconds a measurement takes: it is made
-    to raise here, as in a handler; `call` says so in its status line, and there is no cell to stop."""
-    on_main = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGINT) if on_main else None
-    try:  # installed inside the try: an interrupt just after it still ends here, not in the event loop
-        if on_main:
+    to raise here, as in a handler; `call` says so in its status line, and the interrupt goes no
+    further (the event loop has nothing more to stop). The kernel's own handler is put back even
+    if a second interrupt lands while it is (an interrupt escaping into the event loop would end
+    the kernel); one that Python cannot read back (None) is left alone, measurement uninterruptible."""
+    before = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    swapped = False
+    try:
+        if before is not None:  # inside the try: an interrupt just after it still ends here
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            swapped = True
         call()
     except KeyboardInterrupt:
         pass
     finally:
-        if on_main:  # a handler installed outside Python reads as None, which signal.signal refuses
-            signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
+        while swapped:
+            try:
+                signal.signal(signal.SIGINT, before)
+                swapped = False
+            except KeyboardInterrupt:
+                pass
 
 
 def _running_loop():
@@ -287,8 +296,12 @@ def _running_loop():
 def _sent_by_browser(control, name: str) -> bool:
     """Whether `control.name` is changing because the browser said so: ipywidgets (8.1) applies a
     front end's update under `_property_lock` holding the names it sets, and an assignment in code
-    holds none. tests/test_views_coalesce.py pins this, so an ipywidgets that changes it fails there."""
-    return name in getattr(control, "_property_lock", {})
+    holds none. A toggle, a dropdown or radio buttons send their `index`, and their `value` follows
+    it under that lock (lesson 04's cache toggle was taken for a change in code: each click measured
+    in turn, not coalesced, and Kernel > Interrupt could not stop it). tests/test_views_coalesce.py
+    pins this, so an ipywidgets that changes it fails there."""
+    lock = getattr(control, "_property_lock", {})
+    return name in lock or (name in ("value", "label") and "index" in lock)
 
 
 class Predict(LessonWidget):
@@ -317,10 +330,14 @@ class Predict(LessonWidget):
         self.widget = widgets.VBox([widgets.HTML(f"<b>Question.</b> {html.escape(question)}"),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
-        # a click from another thread (a subshell) runs on the main thread's event loop, where an
-        # interrupt must still stop the measurement (`_interruptibly`)
-        self.button.on_click(lambda _button: self.at_home(lambda: _interruptibly(self.commit)))
-        for control in (self.input, self.button):  # the estimate's text reaches the kernel before the click
+        # A click from another thread (a subshell) runs on the main thread's event loop, where an
+        # interrupt must still stop the measurement (`_interruptibly`); a click made in a cell's
+        # code (`button.click()`) commits there, and an interrupt stops that cell as it would any.
+        self.button.on_click(lambda _button: self.at_home(
+            self.commit if threading.get_ident() == self._home_thread else lambda: _interruptibly(self.commit)))
+        # The estimate's text and the click: both by their header, so to one subshell in order (with
+        # JupyterLab's default of a subshell per comm target; "one per comm" would race them).
+        for control in (self.input, self.button):
             _routed_by_header(control)
         self.name, self.auto = name, os.environ.get("LABKIT_AUTO_REVEAL") == "1"
         if self.auto:
