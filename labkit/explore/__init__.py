@@ -20,10 +20,9 @@ from .decode import (batches_through_ridge, breakdown_bars, breakdown_line, brea
                      throughput_prediction, throughput_series)
 from .phases import (decode_prediction, fix_lists, phase_points, prefill_prediction, roofline_curve, tier_marks,
                      with_plan_and_tiers)
-from .points import (EFFICIENCY_GAP, HOST_BOUND_NOTE, IN_TURN_LABEL, IN_TURN_PARTS, L2_RESIDENT_NOTE, PLAN_LABEL,
-                     above_roof_note, as_sample, efficiency_sentence, in_turn_parts, log_grid, measured_series,
-                     moment_note, over_roof_note, point_notes, point_summary, recorded_series, reveal, roof_phrase,
-                     spread)
+from .points import (HOST_BOUND_NOTE, IN_TURN_LABEL, IN_TURN_PARTS, L2_RESIDENT_NOTE, PLAN_LABEL, above_roof_note,
+                     as_sample, efficiency_sentence, in_turn_parts, log_grid, measured_series, moment_note,
+                     over_roof_note, point_notes, point_summary, recorded_series, reveal, roof_phrase, spread)
 from .prefill import (attention_traffic, growth, growth_line, histogram, memory_series, prefill_cost_table,
                       prefill_split_prediction, prefill_terms, share_curves)
 from .serving import (batching_bars, batching_line, chunk_view, interference_bars, interference_rows,

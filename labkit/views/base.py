@@ -185,11 +185,12 @@ class LessonWidget:
     def at_home(self, call):
         """Run `call()` on the thread that made this widget: now if this is it (or there is no
         event loop to hand it to), else as soon as that thread's event loop is free (after the cell
-        it runs, if any: a measurement never runs beside another)."""
+        it runs, if any: a measurement never runs beside another), where an interrupt still stops
+        it (`_interruptibly`). Called now, an interrupt goes on to the cell or handler that called."""
         if self._home is None or threading.get_ident() == self._home_thread:
             call()
         else:
-            self._home.call_soon_threadsafe(call)
+            self._home.call_soon_threadsafe(_interruptibly, call)
 
     def _coalesce(self):
         if self._pending is not None:
@@ -330,11 +331,7 @@ class Predict(LessonWidget):
         self.widget = widgets.VBox([widgets.HTML(f"<b>Question.</b> {html.escape(question)}"),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
-        # A click from another thread (a subshell) runs on the main thread's event loop, where an
-        # interrupt must still stop the measurement (`_interruptibly`); a click made in a cell's
-        # code (`button.click()`) commits there, and an interrupt stops that cell as it would any.
-        self.button.on_click(lambda _button: self.at_home(
-            self.commit if threading.get_ident() == self._home_thread else lambda: _interruptibly(self.commit)))
+        self.button.on_click(lambda _button: self.at_home(self.commit))
         # The estimate's text and the click: both by their header, so to one subshell in order (with
         # JupyterLab's default of a subshell per comm target; "one per comm" would race them).
         for control in (self.input, self.button):
