@@ -212,10 +212,11 @@ def test_growth_line_states_the_ratios():
 
 def test_growth_line_gives_each_ends_fraction_of_its_roof_when_they_differ():
     """The growth measured below the formula's because the shortest prompt ran further below its
-    roof: a sentence names both fractions and works the predicted ratio through them."""
+    roof: a sentence, on a line of its own, names both fractions and works the predicted ratio
+    through them."""
     g = explore.growth([{**_rec(512, 1.0), "roof_fraction": 0.51}, {**_rec(4096, 14.1), "roof_fraction": 0.57}],
                        "prompt_tokens", PREDICTED)
-    assert explore.growth_line(g).endswith("8.0× without. The prefill at P = 512 ran at 0.51 of its roof and the one "
+    assert explore.growth_line(g).endswith("8.0× without.\nThe prefill at P = 512 ran at 0.51 of its roof and the one "
                                            "at P = 4,096 at 0.57, which scales the predicted 15× by 0.51 ÷ 0.57 "
                                            "to ≈ 13.4×.")
 

@@ -93,7 +93,7 @@ def growth_line(g: dict, x_name: str = "P") -> str:
                                      "the predicted")
     return (f"On {g['device_name']}: {x_name} from {g['from']:,} to {g['to']:,} is {g['x_ratio']:.1f}× the tokens; "
             f"measured time {g['measured_ratio']:.1f}×; predicted {g['predicted_ratio']:.1f}× with attention, "
-            f"{g['linear_only_ratio']:.1f}× without{noisy}." + (f" {efficiency}" if efficiency else ""))
+            f"{g['linear_only_ratio']:.1f}× without{noisy}." + (f"\n{efficiency}" if efficiency else ""))
 
 # ---- lesson 03: FlashAttention
 def attention_traffic(prompts: list[int], heads: int, kv_heads: int, head_dim: int, dtype: str = "bf16",
