@@ -134,7 +134,7 @@ def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the
         cell = client.execute("time.sleep(1.5); cell_ended = time.monotonic()")
         time.sleep(0.3)
         send_update(client, comm_id, 9, subshell)
-        time.sleep(0.3)
+        time.sleep(0.5)
         assert run(client, "print(widget.error.widget.value)", subshell) == (
             "<span style='color:#555'>updating B = 9 once the running cell has finished …</span>")
         time.sleep(2.0)
@@ -192,6 +192,58 @@ def test_in_a_real_kernel_the_first_move_made_while_a_cell_runs_is_said_at_once(
         wait_idle(client, cell)
         time.sleep(1.0)
         assert "measured B=9" in run(client, "print(widget.error.widget.value)")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_in_a_real_kernel_a_move_says_it_waits_only_when_it_does_and_names_what_for():
+    """Said at once, "… once the running cell has finished" flashed on an idle kernel too, before
+    "measuring …" replaced it. Now it is said only by a move the main thread has not taken up
+    `QUEUED_S` later, naming what runs there: a cell, or another measurement. The held charts'
+    "Show it without an estimate" and Predict's commit, clicked while a cell runs, say so too (they
+    were silent until it ended)."""
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        comm_id = run(client, (
+            "import time\nfrom labkit import views\nslider = views.int_slider('B', 1, 1, 64, 1)\n"
+            "widget = views.LessonWidget({'batch': slider}, [], lambda batch: time.sleep(1.0) or batch, "
+            "draw=lambda r: None, describe=lambda r: f'measured B={r}', busy='measuring')\n"
+            "said = []\nwidget.error.widget.observe(lambda c: said.append(c['new']), names='value')\n"
+            "print(slider.model_id)"))
+        subshell = subshell_of(client)
+        send_update(client, comm_id, 2, subshell)  # the kernel idle
+        time.sleep(0.3)
+        send_update(client, comm_id, 3, subshell)  # while B = 2 is measured
+        time.sleep(0.5)
+        assert run(client, "print(said[-1])", subshell) == (
+            "<span style='color:#555'>measuring B = 3 once measuring B = 2 has finished …</span>")
+        time.sleep(2.0)
+        said = eval(run(client, "print(said)"))
+        assert said[-1].endswith("measured B=3</span>")
+        assert sum("once" in line for line in said) == 1, said  # the move made while idle said none
+
+        # held charts and a Predict commit, clicked while a cell runs
+        anyway_id, button_id = run(client, (
+            "from labkit.views import base\nheld = base.after_estimate('q-held', 'the chart')\n"
+            "ask = views.Predict('How long?', lambda e: {'question': 'q', 'rows': [], 'gap': 'done'}, "
+            "default=1.0, unit='ms')\nask.input.value = '2'\n"
+            "print(held.children[1].model_id, ask.button.model_id)")).split()
+        cell = client.execute("time.sleep(1.5)")
+        time.sleep(0.3)
+        for model_id in (anyway_id, button_id):
+            msg = client.session.msg("comm_msg", {"comm_id": model_id, "data": {
+                "method": "custom", "content": {"event": "click"}}})
+            msg["header"]["subshell_id"] = subshell
+            client.shell_channel.send(msg)
+        time.sleep(0.5)
+        assert run(client, "print(held.children[0].value, '|', ask.error.widget.value)", subshell) == (
+            "<i>Shown here once the running cell has finished …</i> | "
+            "<span style='color:#555'>measuring on this machine once the running cell has finished …</span>")
+        wait_idle(client, cell)
+        time.sleep(0.5)
+        assert run(client, "print(held.children[0].value, '|', ask.answer.value != '', ask.error.widget.value)") == (
+            "<pre style='margin:0'>the chart</pre> | True <span style='color:#555'></span>")
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

@@ -129,7 +129,7 @@ class LessonWidget:
     four ways, a slider stepped with the arrow keys) arrive together when it ends, and only the
     newest values are measured, not every step in turn. A change made in a cell's code (a test, a
     cell setting `.value`) is computed before the assignment returns, as it always was. A move made
-    while a cell runs is said at once and measured after it (`_routed_by_header`: the first one too).
+    while a cell runs is said `QUEUED_S` later and measured after it (`_routed_by_header`: the first one too).
     """
 
     COALESCE_S = 0.05  # the changes queued behind a measurement all arrive within this (ms apart)
@@ -176,21 +176,24 @@ class LessonWidget:
         if self._home is None:  # outside a kernel: a script, a test
             self.on_change(change)
             return
-        if threading.get_ident() != self._home_thread:
-            # Seen at once, though the main thread may be running a cell (a Run All still going):
-            # a move that waits in silence reads as a slider that does nothing.
-            self.error.status(f"{self.busy or 'updating'} {self.setting()} once the running cell has finished …")
-        self.at_home(self._coalesce if _sent_by_browser(change["owner"], change["name"]) else self.on_change)
+        # A move that waits in silence behind a running cell (a Run All still going) reads as a
+        # slider that does nothing: said once it has waited QUEUED_S, and only then (said at once,
+        # it flashed "… once the running cell has finished" on an idle kernel too).
+        self.at_home(self._coalesce if _sent_by_browser(change["owner"], change["name"]) else self.on_change,
+                     waiting=lambda ahead: self.error.status(
+                         f"{self.busy or 'updating'} {self.setting()} once {ahead} has finished …"))
 
-    def at_home(self, call):
+    def at_home(self, call, waiting=None):
         """Run `call()` on the thread that made this widget: now if this is it (or there is no
         event loop to hand it to), else as soon as that thread's event loop is free (after the cell
         it runs, if any: a measurement never runs beside another), where an interrupt still stops
-        it (`_interruptibly`). Called now, an interrupt goes on to the cell or handler that called."""
+        it (`_interruptibly`). Called now, an interrupt goes on to the cell or handler that called.
+        Handed on, `waiting(ahead)` says so if the call has not started `QUEUED_S` later, `ahead`
+        naming what runs there ("the running cell", "measuring B = 4")."""
         if self._home is None or threading.get_ident() == self._home_thread:
             call()
         else:
-            self._home.call_soon_threadsafe(_interruptibly, call)
+            _hand_home(self._home, call, waiting)
 
     def _coalesce(self):
         if self._pending is not None:
@@ -207,10 +210,11 @@ class LessonWidget:
         """Control callback: compute once at the controls' values, draw, say what happened. An
         interrupt (Kernel > Interrupt) is said in the status line, then raised on to whoever called
         (a cell stops; ipykernel's handler or `_run_pending` takes it)."""
+        doing = f"{self.busy or 'updating'} {self.setting()}"
         if self.busy:
-            self.error.status(f"{self.busy} {self.setting()} …")
+            self.error.status(f"{doing} …")
         try:
-            with self.error.guard():
+            with self.error.guard(), _running(doing):
                 self.result = self.compute(**self.values())
                 self.draw(self.result)
                 self.error.status(self.describe(self.result))
@@ -259,6 +263,51 @@ def _routed_by_header(widget):
     comm = getattr(widget, "comm", None)
     if comm is not None and hasattr(comm, "_reply_subshell_for"):
         comm._reply_subshell_for = lambda _data, named: named
+
+
+QUEUED_S = 0.15  # a call handed to an idle main thread starts within ms; one not started by now waits
+
+
+# What the main thread is computing for a widget now, innermost last ("measuring B = 4"): a move
+# handed to it meanwhile waits for that, not for a cell.
+_RUNNING: list[str] = []
+
+
+@contextlib.contextmanager
+def _running(doing: str):
+    on_main = threading.current_thread() is threading.main_thread()
+    if on_main:
+        _RUNNING.append(doing)
+    try:
+        yield
+    finally:
+        if on_main:
+            _RUNNING.pop()
+
+
+def _hand_home(loop, call, waiting=None):
+    """Post `call()` to the main thread's event `loop`, interruptibly. If it has not started
+    `QUEUED_S` later, `waiting(ahead)` runs here (a timer thread), where `ahead` is what the main
+    thread is busy with: the innermost `_running` measurement, else "the running cell". A lock
+    orders the two, so `waiting` never writes over what `call` has begun to say."""
+    lock, started = threading.Lock(), []
+
+    def start():
+        with lock:
+            started.append(True)
+        _interruptibly(call)
+
+    def check():
+        with lock:
+            if not started:
+                ahead = _RUNNING[-1:]  # a slice: the main thread may pop it meanwhile
+                waiting(ahead[0] if ahead else "the running cell")
+
+    loop.call_soon_threadsafe(start)
+    if waiting is not None:
+        timer = threading.Timer(QUEUED_S, check)
+        timer.daemon = True
+        timer.start()
 
 
 def _interruptibly(call):
@@ -331,7 +380,8 @@ class Predict(LessonWidget):
         self.widget = widgets.VBox([widgets.HTML(f"<b>Question.</b> {html.escape(question)}"),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
-        self.button.on_click(lambda _button: self.at_home(self.commit))
+        self.button.on_click(lambda _button: self.at_home(self.commit, waiting=lambda ahead: self.error.status(
+            f"measuring on this machine once {ahead} has finished …")))
         # The estimate's text and the click: both by their header, so to one subshell in order (with
         # JupyterLab's default of a subshell per comm target; "one per comm" would race them).
         for control in (self.input, self.button):
@@ -368,8 +418,9 @@ class Predict(LessonWidget):
                 estimate = self.estimate()
                 self.input.disabled = self.button.disabled = True
                 self.error.status("measuring on this machine …")
-                self.result = self.compute(estimate)
-                self.draw(self.result)
+                with _running("checking an estimate"):
+                    self.result = self.compute(estimate)
+                    self.draw(self.result)
                 self.error.status("")
                 if self.name is not None:
                     _estimate_committed(self.name)
@@ -408,13 +459,24 @@ def after_estimate(question: str, *items) -> widgets.VBox:
         return widgets.VBox(shown).add_class("labkit-held")
     anyway = widgets.Button(description="Show it without an estimate", layout=widgets.Layout(width="auto"))
     anyway.add_class("labkit-show-anyway")
-    box = widgets.VBox([widgets.HTML("<i>Commit your estimate above, and this measurement is shown here.</i>"),
-                        anyway])
+    asking = widgets.HTML("<i>Commit your estimate above, and this measurement is shown here.</i>")
+    box = widgets.VBox([asking, anyway])
     box.add_class("labkit-held")  # the browser tests read held text (`pre`) once the estimate is in
+    home, home_thread = _running_loop(), threading.get_ident()
 
     def open_box(_button=None):
         box.children = shown
-    anyway.on_click(open_box)
+
+    def clicked(_button):
+        """Opened on the main thread, which draws the charts it shows; a click made while a cell
+        runs says at once that it waits for it (it was silent until the cell ended)."""
+        if home is None or threading.get_ident() == home_thread:
+            open_box()
+        else:
+            _hand_home(home, open_box, waiting=lambda ahead: setattr(
+                asking, "value", f"<i>Shown here once {html.escape(ahead)} has finished …</i>"))
+    anyway.on_click(clicked)
+    _routed_by_header(anyway)
     _HELD.setdefault(question, []).append(open_box)
     return box
 
