@@ -4,6 +4,7 @@
     python -m labkit predict decode --gpu H200 --context 8192 --batch 64 --cache-dtype fp8
     python -m labkit gpus | models | calibrate [--refresh] | measure prefill|decode [--bracket] | bench
     python -m labkit breakdown prefill|decode [--prompt P | --batch B --context S --cache-dtype D] [--json]
+    python -m labkit estimates [--json]      the learner's committed "Predict first" answers, kept
 
 Every number comes from `labkit.roofline` (predict), `labkit.calibrate` or `labkit.sweeps`
 (measure); this module only parses, validates and prints: rates and times as labkit.units writes
@@ -20,7 +21,7 @@ import os
 import sys
 import warnings
 
-from . import roofline, sizes
+from . import estimates, roofline, sizes
 from .cli_args import Parser, UsageError
 from .errors import LabError, SpecError
 from .specs import DTYPES, GPUS, MODELS, get_gpu, get_model
@@ -207,6 +208,18 @@ def run_calibrate(args) -> dict:
             "memory_name": spec.memory_name, "tier_edges": info.get("tier_edges", []),
             "noisy": info.get("noisy", []), "cache_file": info["cache_file"], "cache_status": info["cache_status"],
             "provenance": info}
+
+
+def list_estimates(args) -> dict:
+    """The learner's kept "Predict first" answers (`labkit.estimates`), oldest first."""
+    entries, unreadable = estimates.read()
+    rows = []
+    for line in entries:
+        yours, answer, how = estimates.yours_and_measured(line)
+        formula = line["rows"][1][1] if len(line["rows"]) > 2 else None
+        rows.append({"recorded_utc": line["recorded_utc"], "question": line["question_id"], "yours": yours,
+                     "formula": formula, "lab_answer": answer, "how": how})
+    return {"journal": str(estimates.journal_path()), "estimates": rows, "unreadable_lines": unreadable}
 
 
 def run_measure(args) -> dict:
@@ -416,6 +429,14 @@ def _print_human(command: str, result: dict):
         for target in result["targets"].values():
             print(f"  {'met' if target['met'] else 'NOT met'}: {target['what']}: {_target_figures(target)}")
         print(f"recording: {result['recording']}")
+    elif command == "estimates":
+        if result["estimates"]:
+            _print_rows(result["estimates"], ["recorded_utc", "question", "yours", "formula", "lab_answer", "how"])
+        else:
+            print("no estimates kept yet: commit one in a lesson's \"Predict first\" box")
+        print(f"journal: {result['journal']}"
+              + (f" ({result['unreadable_lines']} line(s) could not be read, left as they are)"
+                 if result["unreadable_lines"] else ""))
     elif command == "breakdown":
         _print_rows(result["categories"], ["name", "time_s", "share", "roof_time_s", "roof_fraction", "flops",
                                            "bytes", "contributed_fraction"])
@@ -444,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
         sub.set_defaults(handler=handler)
+    kept = commands.add_parser("estimates", help="your committed \"Predict first\" answers, kept across sessions")
+    kept.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    kept.set_defaults(handler=list_estimates)
     calibrate = commands.add_parser("calibrate", help="measure this machine's roofline (cached)")
     calibrate.add_argument("--refresh", action="store_true", help="measure again even if cached")
     calibrate.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA if present (or LABKIT_DEVICE)")

@@ -175,9 +175,9 @@ def _signal_group(pgid: int, sig):
 
 
 def isolated_env(home: Path, cache_dir: Path) -> dict:
-    """The server's environment: quick notebooks, a fresh labkit cache, and Jupyter's config,
-    data and runtime directories under `home` so nothing reads or writes the user's."""
-    env = dict(os.environ, LABKIT_QUICK="1", LABKIT_CACHE_DIR=str(cache_dir),
+    """The server's environment: quick notebooks, a fresh labkit cache, the learner's kept estimates,
+    and Jupyter's config, data and runtime directories under `home` so nothing reads or writes the user's."""
+    env = dict(os.environ, LABKIT_QUICK="1", LABKIT_CACHE_DIR=str(cache_dir), LABKIT_DATA_DIR=str(home / "labkit-data"),
                JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                IPYTHONDIR=str(home / "ipython"), PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("JUPYTER_TOKEN", None)  # the token is given on the command line

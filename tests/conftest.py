@@ -15,6 +15,8 @@ _CACHE_PARENT = Path(__file__).resolve().parent.parent / "build" / "test-cache"
 _CACHE_PARENT.mkdir(parents=True, exist_ok=True)
 _OWN_CACHE = tempfile.mkdtemp(prefix="session-", dir=_CACHE_PARENT)
 os.environ["LABKIT_CACHE_DIR"] = _OWN_CACHE
+# The learner's kept estimates (labkit.estimates) likewise: a test's commit is not the user's.
+os.environ["LABKIT_DATA_DIR"] = str(Path(_OWN_CACHE) / "data")
 
 # The parallel run's workers keep each other's cores busy all along: a point timed there would
 # wait for a quiet moment that never comes (sweeps.QUIET_WAIT_S), so its workers do not wait.

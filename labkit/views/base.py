@@ -9,11 +9,10 @@ import html
 import json
 import math
 import numbers
-import os
 import signal
 import threading
 
-from .. import explore
+from .. import estimates, explore
 from ._plotly import go, pio, widgets
 from ..errors import LabError
 
@@ -377,7 +376,16 @@ class Predict(LessonWidget):
                                      layout=widgets.Layout(width="auto"))
         self.answer = widgets.HTML("")
         super().__init__({}, [], reveal, self.show, busy=None)
-        self.widget = widgets.VBox([widgets.HTML(f"<b>Question.</b> {html.escape(question)}"),
+        self.question = question
+        self.name, self.auto = name, estimates.unattended()
+        # Kept answers (`estimates`): said before, by date only, so the question is still asked first.
+        self.kept = name is not None and not self.auto
+        before = estimates.earlier(name) if self.kept else []
+        asked = f"<b>Question.</b> {html.escape(question)}"
+        if before:
+            asked += (f"<br><i>You answered this {_times(len(before))} before, last on {before[-1]['recorded_utc'][:10]}; "
+                      f"your answers are kept in {html.escape(str(estimates.journal_path()))}.</i>")
+        self.widget = widgets.VBox([widgets.HTML(asked),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
         self.button.on_click(lambda _button: self.at_home(self.commit, waiting=lambda ahead: self.error.status(
@@ -386,7 +394,6 @@ class Predict(LessonWidget):
         # JupyterLab's default of a subshell per comm target; "one per comm" would race them).
         for control in (self.input, self.button):
             _routed_by_header(control)
-        self.name, self.auto = name, os.environ.get("LABKIT_AUTO_REVEAL") == "1"
         if self.auto:
             self.input.value = default if options else f"{default:g}"
             self.commit()
@@ -421,7 +428,7 @@ class Predict(LessonWidget):
                 with _running("checking an estimate"):
                     self.result = self.compute(estimate)
                     self.draw(self.result)
-                self.error.status("")
+                self.error.status(self._keep(estimate))
                 if self.name is not None:
                     _estimate_committed(self.name)
         except KeyboardInterrupt:
@@ -431,15 +438,33 @@ class Predict(LessonWidget):
         if self.error.last_error is not None and not self.answer.value:
             self.input.disabled = self.button.disabled = False
 
+    def _keep(self, estimate) -> str:
+        """Append the committed estimate and its reveal to the learner's journal (`estimates`);
+        the status line: "" when kept (or nothing is to be kept), else why not."""
+        if not self.kept:
+            return ""
+        try:
+            estimates.record(estimates.entry(self.name, self.question, estimate, self.unit, self.result))
+        except OSError as err:
+            return f"shown, but not kept in {estimates.journal_path()}: {err.strerror or err}"
+        return ""
+
     def show(self, reveal: dict):
         if self.auto:  # nobody typed it: a report's reader must not take it for theirs
             reveal = explore.as_sample(reveal)
         rows, gap = reveal["rows"], reveal["gap"]
+        # read before this answer is kept: the earlier ones only, in a paragraph of their own
+        earlier = estimates.earlier_sentence(estimates.earlier(self.name)) if self.kept else ""
         rows = "".join(f"<tr><td style='padding:2px 12px 2px 0'>{html.escape(name)}</td>"
                        f"<td style='padding:2px 0'><b>{html.escape(str(value))}</b></td></tr>"
                        for name, value in rows)
         self.answer.value = (f"<div><em>{html.escape(reveal['question'])}</em><table>{rows}</table>"
-                             f"<p>{html.escape(gap)}</p></div>")
+                             f"<p>{html.escape(gap)}</p>"
+                             + (f"<p style='color:#555'>{html.escape(earlier)}</p>" if earlier else "") + "</div>")
+
+
+def _times(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count:,} times")
 
 
 # Predict first, kept: the questions whose estimate this kernel has committed, and the boxes

@@ -1,0 +1,150 @@
+"""The learner's committed estimates, kept: each "Predict first" answer, with the formula's answer
+and the measurement it was shown beside, one JSON line appended to a journal.
+
+A widget's state dies with its kernel: a restarted kernel, or a notebook reopened the next day,
+showed an empty box where the learner's estimate and its reveal had been. The journal keeps them,
+so the lab can say "you answered this before" and `python -m labkit estimates` lists every answer.
+It is only ever appended to: a line that cannot be read is skipped and counted, never rewritten.
+
+Where: $LABKIT_DATA_DIR/estimates.jsonl, else $XDG_DATA_HOME/labkit/, else
+~/.local/share/labkit/. User data, not a cache: not under ~/.cache/labkit, which may be cleared.
+A run with nobody at the keyboard (LABKIT_AUTO_REVEAL=1) keeps nothing: its estimates are samples.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+
+from .errors import LabError
+
+JOURNAL_NAME = "estimates.jsonl"
+SCHEMA = 1
+
+
+def unattended() -> bool:
+    """A run with nobody at the keyboard (nbval, papermill, `make report`): its estimates are the
+    recorded samples, never kept."""
+    return os.environ.get("LABKIT_AUTO_REVEAL") == "1"
+
+
+def journal_path() -> Path:
+    """Where the journal is (it may not exist yet)."""
+    named = os.environ.get("LABKIT_DATA_DIR")
+    if named:
+        return Path(named) / JOURNAL_NAME
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "labkit" / JOURNAL_NAME
+
+
+def entry(question_id: str, question: str, estimate, unit: str | None, shown: dict,
+          when: dt.datetime | None = None) -> dict:
+    """One journal line: the question (`predict.ask`'s name and the words the learner read), the
+    estimate as committed (a number in `unit`, or the option picked), and the reveal as shown
+    (`explore.reveal`'s dict: what it compared, its rows, the estimate's first and the lab's answer
+    last, and its line on the gap)."""
+    when = when or dt.datetime.now(dt.timezone.utc)
+    return {"schema": SCHEMA, "recorded_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"), "question_id": question_id,
+            "question": question, "compared": shown["question"], "estimate": estimate, "unit": unit,
+            "rows": [list(row) for row in shown["rows"]], "gap": shown["gap"]}
+
+
+def record(line: dict, path: Path | None = None) -> Path:
+    """Append `line` (an `entry`) to the journal, creating its folder; the journal's path.
+    OSError (a read-only home, a full disk) goes to the caller: the reveal is shown all the same."""
+    path = path or journal_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(line, ensure_ascii=False) + "\n"
+    # One write of one line in append mode: two kernels answering at once add two whole lines.
+    with open(path, "a", encoding="utf-8") as journal:
+        journal.write(text)
+        journal.flush()
+        os.fsync(journal.fileno())
+    return path
+
+
+def read(path: Path | None = None) -> tuple[list[dict], int]:
+    """(every readable entry, oldest first; how many lines could not be read). A journal not made
+    yet is empty; one that is not a file, or cannot be opened, is a LabError naming it."""
+    path = path or journal_path()
+    if not path.exists():
+        return [], 0
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as err:
+        raise LabError(f"cannot read the estimates journal {path}: {err.strerror or err}") from None
+    entries, unreadable = [], 0
+    for text in lines:
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except ValueError:
+            unreadable += 1
+            continue
+        if isinstance(line, dict) and {"question_id", "recorded_utc", "rows"} <= line.keys():
+            entries.append(line)
+        else:
+            unreadable += 1
+    return entries, unreadable
+
+
+def earlier(question_id: str, path: Path | None = None) -> list[dict]:
+    """The entries for `question_id`, oldest first ([] if the journal cannot be read: a widget's
+    question must show all the same)."""
+    try:
+        entries, _ = read(path)
+    except LabError:
+        return []
+    return [e for e in entries if e["question_id"] == question_id]
+
+
+def yours_and_measured(line: dict) -> tuple[str, str, str]:
+    """The estimate and the lab's answer as the reveal showed them (its first and last rows), and
+    how that answer was had: "measured", or "simulated" (lesson 05's, on measured step times)."""
+    rows = line["rows"]
+    how = str(rows[-1][0]).split(" ", 1)[0]
+    return str(rows[0][1]), str(rows[-1][1]), how if how in ("measured", "simulated") else "the lab's answer"
+
+
+def earlier_sentence(entries: list[dict], shown_at_most: int = 3) -> str:
+    """'Your earlier answers here: 16× on 2026-12-05 (measured then: 2.96×); …' — the newest
+    `shown_at_most`, oldest first; '' for none."""
+    if not entries:
+        return ""
+    newest = entries[-shown_at_most:]
+    parts = []
+    for line in newest:
+        yours, answer, how = yours_and_measured(line)
+        parts.append(f"{yours} on {line['recorded_utc'][:10]} ({how} then: {answer})")
+    more = len(entries) - len(newest)
+    head = "Your earlier answers here" + (f" (the newest {len(newest)} of {len(entries)})" if more else "")
+    return f"{head}: {'; '.join(parts)}."
+
+
+def summary(path: Path | None = None) -> str:
+    """Every kept answer as lines a learner reads (lesson 08): the date, what was compared, the
+    estimate, the formula's answer and the lab's; with none kept, how to keep one. A run with nobody
+    at the keyboard (LABKIT_AUTO_REVEAL=1: a report, a test) lists nobody's: a handout made on an
+    instructor's machine would otherwise print the instructor's answers."""
+    if unattended():
+        return ("This copy was run with nobody at the keyboard, so it committed sample estimates and "
+                "kept none; in your own lab, your committed answers are listed here.")
+    try:
+        entries, unreadable = read(path)
+    except LabError as err:
+        return str(err)
+    if not entries:
+        return (f"No estimates kept yet in {path or journal_path()}: commit one in a lesson's "
+                "\"Predict first\" box and it is listed here.")
+    lines = [f"{len(entries):,} answer{'s' if len(entries) > 1 else ''} kept in {path or journal_path()}, oldest first:"]
+    for line in entries:
+        yours, answer, how = yours_and_measured(line)
+        formula = f", the formula {line['rows'][1][1]}" if len(line["rows"]) > 2 else ""
+        lines.append(f"  {line['recorded_utc'][:10]}  {line.get('compared') or line['question_id']}: "
+                     f"yours {yours}{formula}, {how} {answer}")
+    if unreadable:
+        lines.append(f"({unreadable:,} line{'s' if unreadable > 1 else ''} could not be read, left as "
+                     f"{'they are' if unreadable > 1 else 'it is'})")
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""The learner's committed estimates are kept (labkit.estimates): a widget's state died with its
+kernel, and a notebook reopened the next day showed an empty box where the estimate and its reveal
+had been. The journal is only ever appended to."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import cli, estimates, explore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def shown(estimate=12.0, measured=9.7):
+    return explore.reveal("a ratio", "×", estimate, 15.9, measured, "a CPU", "a reason")
+
+
+def test_the_session_keeps_estimates_in_a_private_folder():
+    path = estimates.journal_path()
+    assert path.parent == Path(os.environ["LABKIT_DATA_DIR"]) and "test-cache" in path.parts
+
+
+def test_where_the_journal_is(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path / "named"))
+    assert estimates.journal_path() == tmp_path / "named" / "estimates.jsonl"
+    monkeypatch.delenv("LABKIT_DATA_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert estimates.journal_path() == tmp_path / "xdg" / "labkit" / "estimates.jsonl"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert estimates.journal_path() == tmp_path / "home" / ".local" / "share" / "labkit" / "estimates.jsonl"
+
+
+def test_entries_are_appended_and_a_line_that_cannot_be_read_is_skipped_and_left(tmp_path):
+    path = tmp_path / "deep" / "estimates.jsonl"
+    day = dt.datetime(2026, 12, 5, 14, 3, tzinfo=dt.timezone.utc)
+    estimates.record(estimates.entry("decode_batch", "How many times longer?", 12.0, "×", shown(), day), path)
+    with open(path, "a") as journal:
+        journal.write('{"cut off by a full disk\n[1, 2]\n')
+    estimates.record(estimates.entry("decode_batch", "How many times longer?", 4.0, "×", shown(4.0, 3.1)), path)
+    before = path.read_bytes()
+    entries, unreadable = estimates.read(path)
+    assert [e["estimate"] for e in entries] == [12.0, 4.0] and unreadable == 2
+    assert path.read_bytes() == before  # reading rewrites nothing
+    first = entries[0]
+    assert first["recorded_utc"] == "2026-12-05T14:03:00Z" and first["question"] == "How many times longer?"
+    assert first["compared"] == "a ratio" and first["rows"][0] == ["your estimate", "12×"]
+    assert estimates.yours_and_measured(first) == ("12×", "9.7×", "measured")
+
+
+def test_the_earlier_answers_sentence_names_the_newest_three(tmp_path):
+    path = tmp_path / "estimates.jsonl"
+    for day, guess in enumerate((20.0, 12.0, 8.0, 4.0), start=1):
+        when = dt.datetime(2026, 12, day, tzinfo=dt.timezone.utc)
+        estimates.record(estimates.entry("q", "q?", guess, "×", shown(guess), when), path)
+    estimates.record(estimates.entry("other", "o?", 1.0, "×", shown(1.0)), path)
+    said = estimates.earlier_sentence(estimates.earlier("q", path))
+    assert said == ("Your earlier answers here (the newest 3 of 4): 12× on 2026-12-02 (measured then: 9.7×); "
+                    "8× on 2026-12-03 (measured then: 9.7×); 4× on 2026-12-04 (measured then: 9.7×).")
+    assert estimates.earlier_sentence([]) == ""
+    simulated = explore.reveal("u", "%", 90.0, 62.0, 55.0, "a CPU", "why", measured_label="simulated on step times")
+    line = estimates.entry("static_utilisation", "What share?", 90.0, "%", simulated)
+    assert estimates.yours_and_measured(line) == ("90%", "55%", "simulated")
+
+
+def test_a_journal_that_is_not_a_file_is_a_clear_error_and_a_question_still_shows(tmp_path):
+    (tmp_path / "estimates.jsonl").mkdir()
+    with pytest.raises(Exception, match="cannot read the estimates journal"):
+        estimates.read(tmp_path / "estimates.jsonl")
+    assert estimates.earlier("q", tmp_path / "estimates.jsonl") == []
+
+
+def test_the_command_lists_every_kept_answer(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    assert cli.main(["estimates"]) == 0
+    assert "no estimates kept yet" in capsys.readouterr().out
+    estimates.record(estimates.entry("decode_batch", "How many?", 12.0, "×", shown(),
+                                     dt.datetime(2026, 12, 5, 14, 3, tzinfo=dt.timezone.utc)))
+    with open(estimates.journal_path(), "a") as journal:
+        journal.write("not json\n")
+    assert cli.main(["estimates"]) == 0
+    out = capsys.readouterr().out
+    assert "2026-12-05T14:03:00Z decode_batch 12× 15.9× 9.7× measured" in [" ".join(x.split()) for x in out.splitlines()]
+    assert "(1 line(s) could not be read, left as they are)" in out
+    assert cli.main(["estimates", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["estimates"][0]["yours"] == "12×" and listed["unreadable_lines"] == 1
+    (tmp_path / "estimates.jsonl").unlink()
+    (tmp_path / "estimates.jsonl").mkdir()
+    assert cli.main(["estimates"]) == 2
+    assert capsys.readouterr().err.startswith("labkit: error: cannot read the estimates journal")
+
+
+def test_the_command_runs_as_a_learner_types_it(tmp_path):
+    env = {**os.environ, "LABKIT_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "labkit", "estimates"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and f"journal: {tmp_path / 'estimates.jsonl'}" in done.stdout, done.stderr
+
+
+class TestTheWidget:
+    """views.Predict keeps each committed estimate, says a question was answered before (by date
+    only: the question is still asked first) and shows the earlier answers with the reveal."""
+
+    @pytest.fixture(autouse=True)
+    def _isolated(self, monkeypatch, tmp_path):
+        pytest.importorskip("ipywidgets")
+        monkeypatch.delenv("LABKIT_AUTO_REVEAL", raising=False)
+        monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+        self.path = tmp_path / "estimates.jsonl"
+
+    def commit(self, typed: str, name="decode_batch", measured=9.7):
+        from labkit import views
+        guess = views.Predict("How many times longer?", lambda e: shown(e, measured), 8.0, unit="×", name=name)
+        guess.input.value = typed
+        guess.button.click()
+        return guess
+
+    def test_a_commit_is_kept_and_the_next_answer_shows_it(self):
+        first = self.commit("12")
+        assert "earlier" not in first.answer.value and "answered this" not in first.widget.children[0].value
+        entries, _ = estimates.read(self.path)
+        assert [(e["question_id"], e["estimate"], e["question"]) for e in entries] == [
+            ("decode_batch", 12.0, "How many times longer?")]
+        assert first.error.widget.value == "<span style='color:#555'></span>"
+
+        from labkit import views
+        again = views.Predict("How many times longer?", lambda e: shown(e, 3.1), 8.0, unit="×", name="decode_batch")
+        today = entries[0]["recorded_utc"][:10]
+        asked = again.widget.children[0].value
+        assert f"You answered this once before, last on {today}" in asked and str(self.path) in asked
+        assert "9.7" not in asked  # the earlier answer is not given away before the new estimate
+        again.input.value = "4"
+        again.button.click()
+        assert f"Your earlier answers here: 12× on {today} (measured then: 9.7×)." in again.answer.value
+        assert [e["estimate"] for e in estimates.read(self.path)[0]] == [12.0, 4.0]
+
+    def test_a_sample_estimate_is_not_kept(self, monkeypatch):
+        from labkit import views
+        monkeypatch.setenv("LABKIT_AUTO_REVEAL", "1")
+        views.Predict("How many times longer?", lambda e: shown(e), 8.0, unit="×", name="decode_batch")
+        assert not self.path.exists()
+
+    def test_a_journal_that_cannot_be_written_says_so_and_the_reveal_is_shown(self, monkeypatch, tmp_path):
+        blocked = tmp_path / "a-file"
+        blocked.write_text("")
+        monkeypatch.setenv("LABKIT_DATA_DIR", str(blocked / "sub"))  # its folder cannot be made
+        guess = self.commit("12")
+        assert "9.7×" in guess.answer.value and guess.button.disabled
+        assert f"shown, but not kept in {blocked / 'sub' / 'estimates.jsonl'}" in guess.error.widget.value
+
+
+def test_lesson_08_lists_every_kept_answer(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_AUTO_REVEAL", "1")  # a report made on an instructor's machine lists none of theirs
+    path = tmp_path / "estimates.jsonl"
+    estimates.record(estimates.entry("decode_batch", "q?", 16.0, "×", shown(16.0)), path)
+    assert estimates.summary(path).startswith("This copy was run with nobody at the keyboard")
+    path.unlink()
+    monkeypatch.delenv("LABKIT_AUTO_REVEAL")
+    assert estimates.summary(path).startswith(f"No estimates kept yet in {path}: commit one")
+    when = dt.datetime(2026, 12, 5, tzinfo=dt.timezone.utc)
+    estimates.record(estimates.entry("decode_batch", "q?", 16.0, "×", shown(16.0), when), path)
+    pick = explore.reveal("the heaviest decode share", None, "Chat", "RAG", "Chat", "a CPU", "why")
+    estimates.record(estimates.entry("decode_heaviest", "Which?", "Chat", None, pick, when), path)
+    with open(path, "a") as journal:
+        journal.write("{}\n")
+    assert estimates.summary(path).splitlines() == [
+        f"2 answers kept in {path}, oldest first:",
+        "  2026-12-05  a ratio: yours 16×, the formula 15.9×, measured 9.7×",
+        "  2026-12-05  the heaviest decode share: yours Chat, the formula RAG, measured Chat",
+        "(1 line could not be read, left as it is)"]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "estimates.jsonl").mkdir()
+    assert "cannot read the estimates journal" in estimates.summary(tmp_path / "elsewhere" / "estimates.jsonl")
