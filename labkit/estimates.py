@@ -57,8 +57,13 @@ def record(line: dict, path: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(line, ensure_ascii=False) + "\n"
     # One write of one line in append mode: two kernels answering at once add two whole lines.
-    with open(path, "a", encoding="utf-8") as journal:
-        journal.write(text)
+    with open(path, "a+b") as journal:
+        journal.seek(0, os.SEEK_END)
+        if journal.tell():  # a line cut short (a full disk, a killed kernel) must not swallow this one
+            journal.seek(-1, os.SEEK_END)
+            if journal.read(1) != b"\n":
+                text = "\n" + text
+        journal.write(text.encode("utf-8"))
         journal.flush()
         os.fsync(journal.fileno())
     return path
@@ -68,11 +73,11 @@ def read(path: Path | None = None) -> tuple[list[dict], int]:
     """(every readable entry, oldest first; how many lines could not be read). A journal not made
     yet is empty; one that is not a file, or cannot be opened, is a LabError naming it."""
     path = path or journal_path()
-    if not path.exists():
-        return [], 0
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as err:
+    except FileNotFoundError:
+        return [], 0
+    except OSError as err:  # a folder in its place, a folder it may not read
         raise LabError(f"cannot read the estimates journal {path}: {err.strerror or err}") from None
     entries, unreadable = [], 0
     for text in lines:
@@ -83,11 +88,23 @@ def read(path: Path | None = None) -> tuple[list[dict], int]:
         except ValueError:
             unreadable += 1
             continue
-        if isinstance(line, dict) and {"question_id", "recorded_utc", "rows"} <= line.keys():
+        if _well_formed(line):
             entries.append(line)
         else:
             unreadable += 1
     return entries, unreadable
+
+
+def _well_formed(line) -> bool:
+    """Whether a parsed line has what the lab reads of it: a question id and a date as text, and
+    rows of (name, value) pairs, the estimate's first (a line edited by hand, or another schema's,
+    is counted unreadable instead of breaking a widget, lesson 08 or the command)."""
+    if not isinstance(line, dict):
+        return False
+    rows = line.get("rows")
+    return (isinstance(line.get("question_id"), str) and isinstance(line.get("recorded_utc"), str)
+            and isinstance(rows, list) and len(rows) > 0
+            and all(isinstance(row, list) and len(row) == 2 for row in rows))
 
 
 def earlier(question_id: str, path: Path | None = None) -> list[dict]:

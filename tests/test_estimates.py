@@ -54,6 +54,43 @@ def test_entries_are_appended_and_a_line_that_cannot_be_read_is_skipped_and_left
     assert estimates.yours_and_measured(first) == ("12×", "9.7×", "measured")
 
 
+def test_a_line_of_the_wrong_shape_is_counted_unreadable_and_breaks_nothing(tmp_path, monkeypatch, capsys):
+    """Valid JSON, wrong insides (a line edited by hand): the widget, lesson 08 and the command
+    raised IndexError or TypeError on it, at every later commit."""
+    path = tmp_path / "estimates.jsonl"
+    good = estimates.entry("decode_batch", "q?", 12.0, "×", shown())
+    bad = [{**good, "rows": []}, {**good, "recorded_utc": None}, {**good, "rows": [["only a name"]]},
+           {**good, "question_id": 7}, [good]]
+    path.write_text("".join(json.dumps(line) + "\n" for line in [*bad, good]))
+    entries, unreadable = estimates.read(path)
+    assert len(entries) == 1 and unreadable == len(bad)
+    assert "1 answer kept" in estimates.summary(path)
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    assert cli.main(["estimates"]) == 0 and "5 line(s) could not be read" in capsys.readouterr().out
+
+
+def test_a_line_cut_short_does_not_swallow_the_next(tmp_path):
+    path = tmp_path / "estimates.jsonl"
+    path.write_text('{"schema": 1, "recorded_utc": "2026-12-0')  # a full disk, a killed kernel
+    estimates.record(estimates.entry("decode_batch", "q?", 12.0, "×", shown()), path)
+    entries, unreadable = estimates.read(path)
+    assert [e["estimate"] for e in entries] == [12.0] and unreadable == 1
+    assert path.read_text().startswith('{"schema": 1, "recorded_utc": "2026-12-0\n')  # left as it was
+
+
+def test_a_journal_that_may_not_be_read_is_a_clear_error(tmp_path, monkeypatch):
+    path = tmp_path / "estimates.jsonl"
+    path.write_text("")
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "read_text", refused)
+    monkeypatch.setattr(Path, "stat", refused)  # a folder above it it may not search: exists() raised this
+    with pytest.raises(Exception, match="cannot read the estimates journal .*: Permission denied"):
+        estimates.read(path)
+    assert estimates.earlier("q", path) == []
+
+
 def test_the_earlier_answers_sentence_names_the_newest_three(tmp_path):
     path = tmp_path / "estimates.jsonl"
     for day, guess in enumerate((20.0, 12.0, 8.0, 4.0), start=1):
@@ -146,6 +183,23 @@ class TestTheWidget:
         monkeypatch.setenv("LABKIT_AUTO_REVEAL", "1")
         views.Predict("How many times longer?", lambda e: shown(e), 8.0, unit="×", name="decode_batch")
         assert not self.path.exists()
+
+    def test_an_interrupt_after_the_reveal_leaves_it_committed(self, monkeypatch):
+        """Kernel > Interrupt landing while the answer is kept (after it is shown) reopened the box:
+        a second estimate, made after seeing the answer, was kept too."""
+        def interrupted(line, path=None):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(estimates, "record", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            self.commit("12")
+        from labkit.views import base
+        guess = base.Predict("How many?", lambda e: shown(e), 8.0, unit="×", name="q-after")
+        guess.input.value = "12"
+        with pytest.raises(KeyboardInterrupt):
+            guess.button.click()
+        assert "9.7×" in guess.answer.value and guess.button.disabled and guess.input.disabled
+        assert "interrupted after the reveal" in guess.error.widget.value
+        assert "q-after" in base._COMMITTED  # what it held back below is shown
 
     def test_a_journal_that_cannot_be_written_says_so_and_the_reveal_is_shown(self, monkeypatch, tmp_path):
         blocked = tmp_path / "a-file"

@@ -388,8 +388,7 @@ class Predict(LessonWidget):
         self.widget = widgets.VBox([widgets.HTML(asked),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
-        self.button.on_click(lambda _button: self.at_home(self.commit, waiting=lambda ahead: self.error.status(
-            f"measuring on this machine once {ahead} has finished …")))
+        self.button.on_click(self._clicked)
         # The estimate's text and the click: both by their header, so to one subshell in order (with
         # JupyterLab's default of a subshell per comm target; "one per comm" would race them).
         for control in (self.input, self.button):
@@ -397,6 +396,15 @@ class Predict(LessonWidget):
         if self.auto:
             self.input.value = default if options else f"{default:g}"
             self.commit()
+
+    def _clicked(self, _button):
+        """A click from the browser: committed on the main thread. One queued behind a commit
+        already made (a double click) is dropped here, where its wait would be said over that
+        commit's "measuring" line."""
+        if self.button.disabled:
+            return
+        self.at_home(self.commit, waiting=lambda ahead: self.error.status(
+            f"measuring on this machine once {ahead} has finished …"))
 
     def estimate(self):
         """The committed value: the chosen option, or the typed number (LabError-free: ValueError
@@ -428,12 +436,15 @@ class Predict(LessonWidget):
                 with _running("checking an estimate"):
                     self.result = self.compute(estimate)
                     self.draw(self.result)
-                self.error.status(self._keep(estimate))
                 if self.name is not None:
                     _estimate_committed(self.name)
+                self.error.status(self._keep(estimate))
         except KeyboardInterrupt:
-            self.input.disabled = self.button.disabled = False
-            self.error.status("interrupted: commit again to measure")
+            if self.answer.value:  # already revealed: committed, whatever the interrupt stopped after it
+                self.error.status("interrupted after the reveal: this answer may not have been kept")
+            else:
+                self.input.disabled = self.button.disabled = False
+                self.error.status("interrupted: commit again to measure")
             raise
         if self.error.last_error is not None and not self.answer.value:
             self.input.disabled = self.button.disabled = False
