@@ -4,7 +4,7 @@
     python -m labkit predict decode --gpu H200 --context 8192 --batch 64 --cache-dtype fp8
     python -m labkit gpus | models | calibrate [--refresh] | measure prefill|decode [--bracket] | bench
     python -m labkit breakdown prefill|decode [--prompt P | --batch B --context S --cache-dtype D] [--json]
-    python -m labkit estimates [--json]      the learner's committed "Predict first" answers, kept
+    python -m labkit estimates [--room JOURNAL ...] [--json]   the kept "Predict first" answers
 
 Every number comes from `labkit.roofline` (predict), `labkit.calibrate` or `labkit.sweeps`
 (measure); this module only parses, validates and prints: rates and times as labkit.units writes
@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from . import estimates, roofline, sizes
 from .cli_args import Parser, UsageError
@@ -211,7 +212,17 @@ def run_calibrate(args) -> dict:
 
 
 def list_estimates(args) -> dict:
-    """The learner's kept "Predict first" answers (`labkit.estimates`), oldest first."""
+    """The learner's kept "Predict first" answers (`labkit.estimates`), oldest first; with --room,
+    a workshop room's first answers question by question, from each learner's journal."""
+    if args.room:
+        journals = []
+        for name in args.room:
+            path = Path(name)
+            if not path.is_file():
+                raise UsageError(f"--room: no journal at {name} (a learner's ~/.local/share/labkit/estimates.jsonl)")
+            journals.append(estimates.read(path))
+        return {"journals": len(journals), "unreadable_lines": sum(unreadable for _, unreadable in journals),
+                "questions": estimates.room([entries for entries, _ in journals])}
     entries, unreadable = estimates.read()
     rows = []
     for line in entries:
@@ -429,6 +440,12 @@ def _print_human(command: str, result: dict):
         for target in result["targets"].values():
             print(f"  {'met' if target['met'] else 'NOT met'}: {target['what']}: {_target_figures(target)}")
         print(f"recording: {result['recording']}")
+    elif command == "estimates" and "questions" in result:  # --room
+        print(f"{result['journals']:,} learners' journals; each learner's first answer to each question:")
+        for line in estimates.room_lines(result["questions"]) or ["no answers in them yet"]:
+            print(f"  {line}")
+        if result["unreadable_lines"]:
+            print(f"({result['unreadable_lines']:,} line(s) could not be read, left as they are)")
     elif command == "estimates":
         if result["estimates"]:
             _print_rows(result["estimates"], ["recorded_utc", "question", "yours", "formula", "lab_answer", "how"])
@@ -466,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true", help="one JSON object on stdout")
         sub.set_defaults(handler=handler)
     kept = commands.add_parser("estimates", help="your committed \"Predict first\" answers, kept across sessions")
+    kept.add_argument("--room", nargs="+", metavar="JOURNAL",
+                      help="a workshop room's answers from learners' journals, e.g. "
+                           "/home/*/.local/share/labkit/estimates.jsonl: each learner's first answer")
     kept.add_argument("--json", action="store_true", help="one JSON object on stdout")
     kept.set_defaults(handler=list_estimates)
     calibrate = commands.add_parser("calibrate", help="measure this machine's roofline (cached)")

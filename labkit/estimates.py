@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import numbers
 import os
+import statistics
 from pathlib import Path
 
 from .errors import LabError
+from .explore.points import CLOSE_WITHIN, shown_value
 
 JOURNAL_NAME = "estimates.jsonl"
 SCHEMA = 1
@@ -45,9 +48,17 @@ def entry(question_id: str, question: str, estimate, unit: str | None, shown: di
     (`explore.reveal`'s dict: what it compared, its rows, the estimate's first and the lab's answer
     last, and its line on the gap)."""
     when = when or dt.datetime.now(dt.timezone.utc)
+    values = {name: _plain(value) for name, value in shown.get("values", {}).items()}
     return {"schema": SCHEMA, "recorded_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"), "question_id": question_id,
-            "question": question, "compared": shown["question"], "estimate": estimate, "unit": unit,
-            "rows": [list(row) for row in shown["rows"]], "gap": shown["gap"]}
+            "question": question, "compared": shown["question"], "estimate": _plain(estimate), "unit": unit,
+            "rows": [list(row) for row in shown["rows"]], "gap": shown["gap"], "values": values}
+
+
+def _plain(value):
+    """A number as a JSON float (a numpy float32 is not one), a pick as its text."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value if value is None else str(value)
 
 
 def record(line: dict, path: Path | None = None) -> Path:
@@ -165,3 +176,54 @@ def summary(path: Path | None = None) -> str:
         lines.append(f"({unreadable:,} line{'s' if unreadable > 1 else ''} could not be read, left as "
                      f"{'they are' if unreadable > 1 else 'it is'})")
     return "\n".join(lines)
+
+
+def room(journals: list[list[dict]]) -> list[dict]:
+    """A workshop room's answers, question by question (in the order they were first answered),
+    from each learner's journal (`read`'s entries): only a learner's first answer to a question
+    counts, the one made before they saw the lab's. For a number: how many answered, the median
+    estimate and the median of the lab's answers (each on its learner's machine), and how many
+    estimates were close to their own lab answer (within `CLOSE_WITHIN`, as the reveal says "close");
+    for a pick: how many picked each option, and how many picked the lab's answer. Lines kept before
+    the reveal's unrounded values were (none but the shown text) count as answered, not as close."""
+    firsts: dict[str, list[dict]] = {}
+    for entries in journals:
+        seen = set()
+        for line in entries:
+            if line["question_id"] not in seen:
+                seen.add(line["question_id"])
+                firsts.setdefault(line["question_id"], []).append(line)
+    summary = []
+    for question_id, lines in firsts.items():
+        values = [line.get("values") or {} for line in lines]
+        row = {"question": question_id, "compared": lines[-1].get("compared") or question_id,
+               "unit": lines[-1].get("unit"), "learners": len(lines)}
+        if row["unit"] is None:  # a pick
+            picks = [line.get("estimate") for line in lines]
+            row["picks"] = {pick: picks.count(pick) for pick in dict.fromkeys(picks)}
+            row["matched"] = sum(v.get("measured") is not None and v.get("estimate") == v.get("measured") for v in values)
+        else:
+            pairs = [(v["estimate"], v["measured"]) for v in values
+                     if isinstance(v.get("estimate"), float) and isinstance(v.get("measured"), float) and v["measured"]]
+            estimates_ = [line["estimate"] for line in lines if isinstance(line.get("estimate"), float)]
+            row["median_estimate"] = statistics.median(estimates_) if estimates_ else None
+            row["median_lab_answer"] = statistics.median([m for _, m in pairs]) if pairs else None
+            row["close"] = sum(abs(e / m - 1) <= CLOSE_WITHIN for e, m in pairs)
+        summary.append(row)
+    return summary
+
+
+def room_lines(summary: list[dict]) -> list[str]:
+    """`room`'s rows as lines an instructor reads to the room."""
+    lines = []
+    for row in summary:
+        head = f"{row['compared']} ({row['question']}): {row['learners']:,} answered"
+        if row["unit"] is None:
+            picks = ", ".join(f"{pick} {count:,}" for pick, count in row["picks"].items())
+            lines.append(f"{head}; picks: {picks}; the lab's answer picked by {row['matched']:,}")
+        else:
+            median = lambda value: "—" if value is None else shown_value(value, row["unit"])
+            lines.append(f"{head}; median estimate {median(row['median_estimate'])}, median lab answer "
+                         f"{median(row['median_lab_answer'])}; close (within {CLOSE_WITHIN:.0%}): "
+                         f"{row['close']:,} of {row['learners']:,}")
+    return lines

@@ -232,3 +232,38 @@ def test_lesson_08_lists_every_kept_answer(tmp_path, monkeypatch):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "estimates.jsonl").mkdir()
     assert "cannot read the estimates journal" in estimates.summary(tmp_path / "elsewhere" / "estimates.jsonl")
+
+
+def test_a_rooms_summary_counts_each_learners_first_answer(tmp_path, monkeypatch, capsys):
+    """An instructor's view (`python -m labkit estimates --room`): a second answer, made after
+    seeing the lab's, does not count; close means within the reveal's quarter of the learner's own
+    lab answer."""
+    def journal(name, answers):
+        path = tmp_path / name / "estimates.jsonl"
+        for question, estimate, unit, reveal in answers:
+            estimates.record(estimates.entry(question, "q?", estimate, unit, reveal), path)
+        return path
+
+    ratio = lambda e, m: explore.reveal("batch 16 ÷ batch 1", "×", e, 8.1, m, "a CPU", "why")
+    pick = lambda e: explore.reveal("heaviest decode share", None, e, "RAG", "Chat", "a CPU", "why")
+    ada = journal("ada", [("decode_batch", 16.0, "×", ratio(16.0, 6.4)), ("decode_batch", 6.0, "×", ratio(6.0, 6.5)),
+                          ("decode_heaviest", "Chat", None, pick("Chat"))])
+    bo = journal("bo", [("decode_batch", 7.0, "×", ratio(7.0, 6.0)), ("decode_heaviest", "RAG", None, pick("RAG"))])
+    summary = estimates.room([estimates.read(ada)[0], estimates.read(bo)[0]])
+    assert summary == [
+        {"question": "decode_batch", "compared": "batch 16 ÷ batch 1", "unit": "×", "learners": 2,
+         "median_estimate": 11.5, "median_lab_answer": 6.2, "close": 1},
+        {"question": "decode_heaviest", "compared": "heaviest decode share", "unit": None, "learners": 2,
+         "picks": {"Chat": 1, "RAG": 1}, "matched": 1}]
+    assert estimates.room_lines(summary) == [
+        "batch 16 ÷ batch 1 (decode_batch): 2 answered; median estimate 11.5×, median lab answer 6.2×; "
+        "close (within 25%): 1 of 2",
+        "heaviest decode share (decode_heaviest): 2 answered; picks: Chat 1, RAG 1; the lab's answer picked by 1"]
+
+    assert cli.main(["estimates", "--room", str(ada), str(bo)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 learners' journals") and "close (within 25%): 1 of 2" in out
+    assert cli.main(["estimates", "--room", str(ada), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["questions"][0]["median_estimate"] == 16.0
+    assert cli.main(["estimates", "--room", str(tmp_path / "nobody" / "estimates.jsonl")]) == 2
+    assert "--room: no journal at" in capsys.readouterr().err

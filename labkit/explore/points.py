@@ -206,16 +206,25 @@ YOURS = ("your estimate", "Your pick", "Your estimate")
 SAMPLE = ("a sample estimate", "The sample pick", "The sample estimate")
 
 
+def shown_value(value, unit: str | None) -> str:
+    """A reveal's value as its rows show it: three figures and the unit ("8.1×", "120 ms"), a pick as is."""
+    return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
+
+
+CLOSE_WITHIN = 0.25  # an estimate within a quarter of the measurement is said to be close
+
+
 def reveal(question: str, unit: str | None, estimate, formula, measured, device_name: str, why: str,
            formula_label: str = "the formula, on this machine's calibrated roofline",
            measured_label: str | None = None, measured_noun: str = "measurement", then: str = "") -> dict:
     """A committed estimate beside the formula's answer and the measurement, with one line on the
     gap (`views.Predict` shows it). `unit` None: a choice, compared for equality; else numbers,
-    compared as ratios (within a quarter counts as close). What is not measured directly says
+    compared as ratios (within `CLOSE_WITHIN` counts as close); "values" keeps the three unrounded
+    (`estimates` keeps them for a room's summary). What is not measured directly says
     what it is (`measured_label`, `measured_noun`: lesson 05's figure is a simulation run on
     measured step times). `then`: a sentence after the why (`efficiency_sentence`)."""
     def shown(value):
-        return value if unit is None else f"{value:,.3g}{'' if unit in ('×', '%') else ' '}{unit}"
+        return shown_value(value, unit)
 
     rows = [(YOURS[0], shown(estimate)), (formula_label, shown(formula)),
             (measured_label or f"measured on {machine_name(device_name)}", shown(measured))]
@@ -226,7 +235,8 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
     else:
         gap = (f"{YOURS[2]} {_relative(estimate, measured)} the {measured_noun}; the formula "
                f"{_relative(formula, measured)} it. Why: {why}.")
-    return {"question": question, "rows": rows, "gap": gap + (f" {then}" if then else "")}
+    return {"question": question, "rows": rows, "gap": gap + (f" {then}" if then else ""),
+            "values": {"estimate": estimate, "formula": formula, "measured": measured}}
 
 
 def as_sample(shown: dict) -> dict:
@@ -248,7 +258,7 @@ def _relative(value: float, reference: float) -> str:
     ratio = value / reference
     if abs(ratio - 1) < 5e-4:  # equal to the 3 figures the reveal's rows show
         return "matches"
-    if abs(ratio - 1) <= 0.25:
+    if abs(ratio - 1) <= CLOSE_WITHIN:
         return f"is within {math.ceil(round(abs(ratio - 1) * 100, 6)):.0f}% of"
     return f"is {ratio:.2g} times"
 
