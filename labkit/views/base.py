@@ -398,7 +398,7 @@ class Predict(LessonWidget):
             self.commit()
 
     def _clicked(self, _button):
-        """A click from the browser: committed on the main thread. One queued behind a commit
+        """A click (the browser's, or `button.click()` in a cell): committed on the main thread. One queued behind a commit
         already made (a double click) is dropped here, where its wait would be said over that
         commit's "measuring" line."""
         if self.button.disabled:
@@ -505,7 +505,7 @@ def after_estimate(question: str, *items) -> widgets.VBox:
 
     def clicked(_button):
         """Opened on the main thread, which draws the charts it shows; a click made while a cell
-        runs says at once that it waits for it (it was silent until the cell ended)."""
+        runs says, once it has waited `QUEUED_S`, what it waits for (it was silent until the cell ended)."""
         if home is None or threading.get_ident() == home_thread:
             open_box()
         else:
