@@ -171,11 +171,21 @@ def summary(path: Path | None = None) -> str:
         yours, answer, how = yours_and_measured(line)
         formula = f", the formula {line['rows'][1][1]}" if len(line["rows"]) > 2 else ""
         lines.append(f"  {line['recorded_utc'][:10]}  {line.get('compared') or line['question_id']}: "
-                     f"yours {yours}{formula}, {how} {answer}")
+                     f"yours {yours}{formula}, {how} {answer}{_off_by(line)}")
     if unreadable:
         lines.append(f"({unreadable:,} line{'s' if unreadable > 1 else ''} could not be read, left as "
                      f"{'they are' if unreadable > 1 else 'it is'})")
     return "\n".join(lines)
+
+
+def _off_by(line: dict) -> str:
+    """' (yours ÷ the lab's: 2.7)' for a number kept with its unrounded values, else '' (a pick, an
+    older line): where the learner was furthest off, at a glance."""
+    values = line.get("values") or {}
+    estimate, answer = values.get("estimate"), values.get("measured")
+    if line.get("unit") is None or not isinstance(estimate, float) or not isinstance(answer, float) or not answer:
+        return ""
+    return f" (yours ÷ the lab's: {estimate / answer:.2g})"
 
 
 def room(journals: list[list[dict]]) -> list[dict]:

@@ -226,7 +226,7 @@ def test_lesson_08_lists_every_kept_answer(tmp_path, monkeypatch):
         journal.write("{}\n")
     assert estimates.summary(path).splitlines() == [
         f"2 answers kept in {path}, oldest first:",
-        "  2026-12-05  a ratio: yours 16×, the formula 15.9×, measured 9.7×",
+        "  2026-12-05  a ratio: yours 16×, the formula 15.9×, measured 9.7× (yours ÷ the lab's: 1.6)",
         "  2026-12-05  the heaviest decode share: yours Chat, the formula RAG, measured Chat",
         "(1 line could not be read, left as it is)"]
     (tmp_path / "elsewhere").mkdir()
