@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit import estimates
 from browser_util import (ROOT, SCREENSHOTS, VENV_BIN, commit_predictions, full_screenshot, launch_chromium,
                           move_slider, page_errors, start_jupyter_lab, sync_playwright, wait_for_widgets)
 
@@ -300,9 +301,15 @@ def test_notebook_runs_in_the_browser_and_every_slider_redraws_its_charts(lab, n
         # under a Run All it had drawn the answer beneath the unanswered question
         held = page.locator(".labkit-show-anyway").count()
         assert held >= 1 or notebook.stem[:2] in ("03", "08"), f"{notebook.name}: the answer shown before the estimate"
+        journal = Path(server.env["LABKIT_DATA_DIR"]) / estimates.JOURNAL_NAME
+        kept_before = len(estimates.read(journal)[0])
         reveals = commit_predictions(page, MOVE_TIMEOUT_S)
         wait_for_widgets(page)
         assert page.locator(".labkit-show-anyway").count() == 0, f"{notebook.name}: held back after the estimate"
+        # each committed estimate kept in the learner's journal, with the reveal it was shown beside
+        kept = estimates.read(journal)[0][kept_before:]
+        assert len(kept) == len(reveals), f"{notebook.name}: {len(reveals)} reveals, {len(kept)} kept"
+        assert all(line["compared"] in reveal for line, reveal in zip(kept, reveals)), (kept, reveals)
         printed = page.evaluate(PRINTED_JS)
         RUNS.setdefault(notebook.stem, []).append(conclusions(notebook, printed))
         assert contradictions(notebook, printed) == [], f"{notebook.name}: printed conclusion against its text"
