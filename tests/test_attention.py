@@ -171,3 +171,20 @@ def test_lesson_03s_memory_sentences_hold_on_both_paths():
     heads = get_model("llama-3.1-8b").n_heads
     whole = attention.footprint_bytes("naive", 120_000, heads, 128, "bf16")
     assert whole > 1e12 and whole > 10 * max(gpu.memory_bytes for gpu in GPUS.values())
+
+
+def test_the_flash_kernel_is_tuned_at_a_length_before_its_peak_is_measured(monkeypatch):
+    """On a GPU the autotuner's first call at a new length benchmarks its tiles, and triton's
+    do_bench allocates a 256 MiB buffer to flush the L2 between them: measured inside the peak,
+    lesson 03's 8 MiB flash output at P = 1,024 would have read as ~264 MiB."""
+    calls = []
+    monkeypatch.setattr(attention.backend, "kernels_run_on", lambda device: "compiled")
+    monkeypatch.setattr(attention, "_flash", lambda q, k, v, device: calls.append(q.shape[-2]))
+
+    def peak(fn, device):
+        calls.append("measured")
+        fn()
+        return None, 0
+    monkeypatch.setattr(attention, "peak_memory_bytes", peak)
+    attention.memory_point("flash", 64, 3, 1, 16, "fp32", "cpu")
+    assert calls[-3:] == [64, "measured", 64]  # one call at this length before the measured one
