@@ -226,13 +226,18 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
 
 def _caches_agree(run: Run, what: str, cache_dtype: str, mine, ref, result: dict) -> dict:
     """`result` with the k and v caches the kernel wrote (`mine`) compared with the reference's: codes
-    for int8/fp8 at the quantiser's code tolerance, else at the cache dtype's."""
-    from kernels.tolerances import float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
+    for int8/fp8 at the quantiser's code tolerance, else at the cache dtype's; an int8 cache's
+    per-token scales too (the kernel divides by Triton's approximate division), at INT8_SCALES."""
+    from kernels.tolerances import INT8_SCALES, float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
     codes = kv_quant_code_tolerance(cache_dtype, run.device == "cuda") if cache_dtype in ("int8", "fp8") \
         else float_tolerance(cache_dtype)
     for name, got, want in zip(("k", "v"), mine[:2], ref[:2]):
         stored = compare(run, f"{what} {name} cache", got.float(), want.float(), codes)
         result["passed"] = result["passed"] and stored["passed"]
+    for name, got, want in zip(("k", "v"), mine[2:], ref[2:]):
+        if got is not None and want is not None:
+            stored = compare(run, f"{what} {name} scales", got.float(), want.float(), INT8_SCALES)
+            result["passed"] = result["passed"] and stored["passed"]
     return result
 
 

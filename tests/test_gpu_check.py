@@ -278,3 +278,21 @@ def test_a_dry_run_states_what_full_autotuning_costs():
     assert est["autotune_s"] == pytest.approx(est["seconds_per_tile"] * (
         est["matmul_keys"] * est["matmul_tiles_per_key"] + est["flash_keys"] * est["flash_tiles_per_key"]), abs=0.1)
     assert est["budget_fraction"] < 0.5
+
+
+@pytest.mark.triton
+def test_a_cache_write_is_checked_with_its_int8_scales():
+    """The int8 per-token scales rope_store writes (Triton's approximate division) were never
+    compared on the GPU: only the codes were."""
+    import torch
+    from types import SimpleNamespace
+    from labkit import gpu_sections
+    logs = []
+    run = SimpleNamespace(dtype="fp16", device="cpu", log=logs.append)
+    codes = torch.randint(-127, 128, (2, 2, 8, 4), dtype=torch.int8)
+    scales = torch.rand(2, 2, 8) + 0.1
+    ref = (codes, codes.clone(), scales, scales.clone())
+    assert gpu_sections._caches_agree(run, "rope_store int8", "int8", ref, ref, {"passed": True})["passed"]
+    wrong = (codes, codes.clone(), scales * 1.01, scales.clone())
+    assert not gpu_sections._caches_agree(run, "rope_store int8", "int8", wrong, ref, {"passed": True})["passed"]
+    assert any("k scales" in line and "FAILED" in line for line in logs)
