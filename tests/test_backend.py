@@ -353,3 +353,24 @@ def test_an_os_that_reports_no_memory_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(backend.cpu_info, "run_command", lambda args: None)
     with pytest.raises(LabError, match="^cannot tell this machine's free memory: Darwin reports it neither"):
         backend.free_memory_bytes("cpu")
+
+
+@pytest.mark.parametrize("driver_sign, interpreted", [(None, "1"), ("/dev/nvidiactl", None),
+                                                      ("/proc/driver/nvidia/version", None)])
+def test_a_gpu_machine_without_nvidia_smi_compiles_the_kernels(driver_sign, interpreted):
+    """A container given the GPU for compute only (NVIDIA_DRIVER_CAPABILITIES=compute) has the
+    driver's device node and /proc entry but no nvidia-smi: by nvidia-smi alone, labkit chose
+    Triton's interpreter there, slow and with wrong bf16."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os, shutil\nreal = os.path.exists\n"
+            f"os.path.exists = lambda p: p == {driver_sign!r} or real(p)\n"
+            "shutil.which = lambda name, *a, **k: None\n"  # no nvidia-smi on PATH
+            "import labkit\nprint(os.environ.get('TRITON_INTERPRET'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version")):
+        pytest.skip("this machine has an NVIDIA driver")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(interpreted)

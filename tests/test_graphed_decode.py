@@ -1,11 +1,8 @@
 """labkit.graphed_decode: the step it captures equals the eager step (on the CPU, in Triton's
 interpreter), its capture/replay/fallback logic with a stand-in for torch.cuda, and on a GPU the
 real graph against the eager step."""
-import os
-import shutil
 
-if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+import labkit  # noqa: E402,F401 — before triton: chooses Triton's interpreter where there is no NVIDIA driver
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

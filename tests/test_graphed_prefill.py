@@ -2,11 +2,8 @@
 MAX_TOKENS tokens; never outside one, never chunked prefill's successive chunks), replay and
 fallback, with a stand-in for torch.cuda on a CPU; on a GPU the real graph against eager prefills,
 new token values included."""
-import os
-import shutil
 
-if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+import labkit  # noqa: E402,F401 — before triton: chooses Triton's interpreter where there is no NVIDIA driver
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -4,10 +4,8 @@ paths (labkit.decode_paths) against each other; the ops' fp8 upcast (labkit.ops)
 import json
 import math
 import os
-import shutil
 
-if shutil.which("nvidia-smi") is None:  # no GPU: the Triton path runs in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
+import labkit  # noqa: E402,F401 — before triton: chooses Triton's interpreter where there is no NVIDIA driver
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
