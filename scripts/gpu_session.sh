@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
-# What a lent GPU runs, in one call of at most 560 s (typically about 5 minutes), writing at most 8
-# files into OUT (what the device tool brings back), each step under its own timeout so that a hang
-# costs only its step:
+# What a lent GPU runs, in one call of at most 560 s of steps (about 8 minutes when every step uses
+# its budget, so a 15-minute loan with a start of minutes leaves no room for a second call: run it
+# once, with time to spare), writing its logs and recordings into OUT (what the device tool brings
+# back), each step under its own timeout so that a hang costs only its step:
 #
 #   LABKIT_GIT_COMMIT=<sha, written out from your checkout> bash scripts/gpu_session.sh "$OUT"
 #
-#   1. pytest: the model's, the CUDA graphs' and the GPU breakdown's GPU tests (<= 90 s), then every kernel test compiled
-#      on the GPU, the new kernels first (<= 150 s): what Triton's interpreter cannot check here
-#      (bf16, in-kernel fp8 casts, the CUDA graphs); both into one log
-#   2. scripts/gpu_tune.py --parts step,attention,prefill: the 8B's decode step fused and unfused,
+#   0. session-STAMP.log: nvidia-smi's GPU, driver and memory, torch's and triton's versions, and
+#      each step's exit line; the run stops here, in one line, where torch sees no CUDA GPU
+#   1. pytest: the model's, the CUDA graphs' and the GPU breakdown's GPU tests (<= 80 s), then every
+#      kernel test compiled on the GPU, the new kernels first, each test named as it ends (<= 140 s):
+#      what Triton's interpreter cannot check here (bf16, in-kernel fp8 casts, the CUDA graphs)
+#   2. python -m labkit.gpu_check --only calibration,correctness,kernels: the roof every figure is
+#      judged by (its recording comes back), every kernel against torch at real sizes, the kernels'
+#      timings  <= 130 s
+#   3. python -m labkit.gpu_check --only prefill_sweep,decode_sweep: the 8B's prefill sweep from 512
+#      tokens up (the short prompts replayed as a CUDA graph), then its decode sweep, as the budget
+#      allows  <= 110 s. Apart from step 2, so the kernels' timings cannot take the sweeps' time
+#   4. scripts/gpu_tune.py --parts step,attention,prefill: the 8B's decode step fused and unfused,
 #      its profile by kernel, decode attention's tiles with and without SCALE_V, and its prefill at
-#      512 and 2,048 tokens eager and replayed, with the host's profile of the eager one  <= 160 s
-#      (stopped by its timeout, the tuner still writes what it measured)
-#   3. python -m labkit.gpu_check --only correctness,kernels,decode_sweep,prefill_sweep: every kernel
-#      against torch at real sizes, the kernels' timings, the 8B's decode sweep, then its prefill
-#      sweep from 512 tokens up (the short prompts replayed as a CUDA graph) as the budget allows  <= 160 s
+#      512 and 2,048 tokens eager and replayed, with the host's profile of the eager one  <= 100 s
+#      (stopped by its timeout, the tuner still writes what it measured). Last: the lessons read
+#      the check's recordings, the tuner's only cite it
 #
-# The machine's copy of the repository carries a stale .git, so the commit is given, never asked of
-# git there (data/recordings/logs/README.md). Needs torch, triton and numpy; pytest if it is there.
-# DRY=1: steps 2 and 3 as their dry runs (toy sizes, Triton's interpreter) and no pytest, to check
-# the script itself on a machine without a GPU.
+# A step past its timeout gets SIGTERM, then SIGKILL 5 s later (a process stuck in CUDA ignores the
+# first). The machine's copy of the repository carries a stale .git, so the commit is given, never
+# asked of git there (data/recordings/logs/README.md). Needs torch, triton and numpy; pytest if it
+# is there. DRY=1: steps 2-4 as their dry runs (toy sizes, Triton's interpreter) and no pytest, to
+# check the script itself on a machine without a GPU.
 set -u
 out=${1:?usage: LABKIT_GIT_COMMIT=<sha> bash scripts/gpu_session.sh OUT}
 : "${LABKIT_GIT_COMMIT:?set LABKIT_GIT_COMMIT to the commit, written out from your checkout}"
@@ -30,25 +38,37 @@ mkdir -p "$out"
 step() {  # step NAME SECONDS COMMAND...: run it under its timeout, its output added to OUT/NAME-STAMP.log
     local name=$1 limit=$2
     shift 2
-    echo "[gpu_session] $name (at most $limit s): $*" | tee -a "$out/$name-$stamp.log"
-    timeout "$limit" "$@" >> "$out/$name-$stamp.log" 2>&1
-    echo "[gpu_session] $name: exit $? ($(tail -n 1 "$out/$name-$stamp.log" | cut -c1-300))"
+    echo "[gpu_session] $name (at most $limit s): $*" | tee -a "$out/$name-$stamp.log" "$session"
+    timeout -k 5 "$limit" "$@" >> "$out/$name-$stamp.log" 2>&1
+    echo "[gpu_session] $name: exit $? ($(tail -n 1 "$out/$name-$stamp.log" | cut -c1-300))" | tee -a "$session"
 }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "[gpu_session] no nvidia-smi"
+session="$out/session-$stamp.log"
+{
+    echo "[gpu_session] commit $LABKIT_GIT_COMMIT, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "[gpu_session] no nvidia-smi"
+    "$py" -c "import torch, triton; print('[gpu_session] torch', torch.__version__, 'CUDA', torch.version.cuda, '| triton', triton.__version__, '| CUDA GPU:', torch.cuda.is_available())" 2>&1
+} | tee -a "$session"
 dry=()
-[ "${DRY:-0}" = 1 ] && dry=(--dry-run)
+if [ "${DRY:-0}" = 1 ]; then
+    dry=(--dry-run)
+elif ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)" 2>/dev/null; then
+    echo "[gpu_session] stopped: torch sees no CUDA GPU here (DRY=1 checks the script without one)" | tee -a "$session"
+    exit 3
+fi
 if [ "${DRY:-0}" != 1 ] && "$py" -c "import pytest" 2>/dev/null; then
     # the model's, the graphs' and the breakdown's tests that need a GPU (short, so first; the newest
     # first: 12 of the model's and graphs' took 35 s at 400adbb); then every kernel test,
-    # compiled on the GPU (81 of them took 81 s there at 2dacd5b; flash's autotune adds to it)
-    step pytest-gpu 90 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_graphed_prefill.py \
+    # compiled on the GPU (81 of them took 81 s there at 2dacd5b; flash's autotune adds to it).
+    # -v: each test is named as it ends, so a step stopped by its timeout still says which failed
+    step pytest-gpu 80 "$py" -m pytest -v --tb=short -m gpu -p no:cacheprovider tests/test_graphed_prefill.py \
         tests/test_breakdown.py tests/test_model.py tests/test_graphed_decode.py
-    step pytest-gpu 150 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_add_rms_norm.py \
+    step pytest-gpu 140 "$py" -m pytest -v --tb=short -p no:cacheprovider tests/test_kernels_add_rms_norm.py \
         tests/test_kernels_rope_store.py tests/test_kernels_swiglu.py tests/test_kernels_decode_attention.py \
         tests/test_kernels_kv_quant.py \
         tests/test_kernels_matmul.py tests/test_kernels_flash_attention.py
 else
-    echo "[gpu_session] pytest-gpu: skipped (DRY=1, or no pytest here)"
+    echo "[gpu_session] pytest-gpu: skipped (DRY=1, or no pytest here)" | tee -a "$session"
 fi
-step gpu-tune 160 "$py" scripts/gpu_tune.py --out "$out" --budget-s 135 --parts step,attention,prefill "${dry[@]}"
-step gpu-check 160 "$py" -m labkit.gpu_check --out "$out" --only correctness,kernels,decode_sweep,prefill_sweep --budget-s 135 "${dry[@]}"
+step gpu-check 130 "$py" -m labkit.gpu_check --out "$out" --only calibration,correctness,kernels --budget-s 115 "${dry[@]}"
+step gpu-check 110 "$py" -m labkit.gpu_check --out "$out" --only prefill_sweep,decode_sweep --budget-s 95 "${dry[@]}"
+step gpu-tune 100 "$py" scripts/gpu_tune.py --out "$out" --budget-s 85 --parts step,attention,prefill "${dry[@]}"

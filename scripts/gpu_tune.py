@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import importlib
 import functools
+import gc
 import json
 import math
 import os
@@ -72,8 +73,10 @@ HOST_PROFILE_ROWS = 15  # the functions with the most time of their own in one e
 STOPPED = []  # non-empty once SIGTERM came
 
 
-class Stopped(Exception):
-    """SIGTERM arrived: the part running ends here."""
+class Stopped(BaseException):
+    """SIGTERM arrived: the part running ends here. A BaseException, so that labkit's own
+    catch-alls (a CUDA graph's capture falls back to eager on any Exception) cannot swallow it
+    and run on past the step's timeout."""
 
 
 def _stop(signum, frame):
@@ -136,9 +139,12 @@ def _run_parts(args, parts, run, result, deadlines, start) -> int:
             continue
         try:
             result[part] = fn(run, deadlines[part], result)
-        except Exception as err:  # noqa: BLE001 - recorded; the next part still runs
+        except (Exception, Stopped) as err:  # noqa: BLE001 - recorded; the next part still runs
             log(f"{part}: ERROR {type(err).__name__}: {err}")
-            result[part] = {"error": f"{type(err).__name__}: {err}"}
+            # what the part had measured before it failed (a part that keeps its results in
+            # result[part] as it goes) stays beside the error
+            partial = result.get(part) if isinstance(result.get(part), dict) else {}
+            result[part] = {**partial, "error": f"{type(err).__name__}: {err}"}
     result["wall_s"] = round(time.perf_counter() - start, 1)
     device = run.device
     from labkit.backend import device_name
@@ -338,16 +344,23 @@ def time_steps(run, deadline: float, result: dict) -> dict:
     da = importlib.import_module("kernels.decode_attention")  # may be the function
     mm = importlib.import_module("kernels.matmul")  # kernels.matmul may be the function
     from labkit import sweeps
+    from labkit.errors import FootprintError
     model = "lab-tiny" if run.dry else "llama-3.1-8b"
     points = DRY_STEP_POINTS if run.dry else STEP_POINTS
-    out = {"model": model, "before": [], "after": []}
+    # kept in `result` as it fills, so an error or a stop later in the part loses none of it
+    out = result["step"] = {"model": model, "before": [], "after": []}
 
     def measure(label: str, at=points):
         for B, S, cache_dtype in at:
             if time.perf_counter() > deadline:
                 out.setdefault("skipped", []).append([label, B, S, cache_dtype])
                 continue
-            p = sweeps.measure_decode(model, B, S, cache_dtype, device=run.device)
+            try:
+                p = sweeps.measure_decode(model, B, S, cache_dtype, device=run.device)
+            except FootprintError as err:  # B = 64 at 8,192 tokens (79 GiB) does not fit an H100's 80 GB
+                out.setdefault("skipped", []).append([label, B, S, cache_dtype, str(err)])
+                log(f"step {label} B={B} S={S} {cache_dtype}: refused, {err}")
+                continue
             keep = {k: p.get(k) for k in ("batch", "context_tokens", "cache_dtype", "time_s", "roof_fraction",
                                            "predicted_time_s", "kernels", "host_bound", "tokens_per_s")}
             out[label].append(keep)
@@ -356,6 +369,9 @@ def time_steps(run, deadline: float, result: dict) -> dict:
 
     def fresh():
         sweeps._MODELS.clear()  # a new model captures a new graph with the patched tiles
+        # The model and its captured graphs refer to each other: only the collector frees them,
+        # and on an H100 the old models' 16-31 GiB left the next one no room.
+        gc.collect()
         if run.device == "cuda":
             torch.cuda.empty_cache()
 

@@ -131,3 +131,63 @@ def test_the_gpu_session_script_parses_and_asks_for_the_commit(tmp_path):
     done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, env=env)
     assert done.returncode != 0 and "set LABKIT_GIT_COMMIT" in done.stderr and done.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_gpu_session_stops_at_once_where_torch_sees_no_gpu(tmp_path):
+    """Where the lent machine's torch sees no CUDA GPU, the session says so in one line and stops,
+    instead of spending the loan on steps that each refuse; its log names the versions."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here: the session would run")
+    script = ROOT / "scripts" / "gpu_session.sh"
+    env = {**os.environ, "LABKIT_GIT_COMMIT": "0" * 40, "PYTHON": sys.executable}
+    env.pop("DRY", None)
+    done = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 3 and done.stdout.rstrip().endswith("[gpu_session] stopped: torch sees no CUDA GPU "
+                                                                  "here (DRY=1 checks the script without one)")
+    (log,) = tmp_path.glob("session-*.log")
+    assert "torch" in log.read_text() and "CUDA GPU: False" in log.read_text()
+
+
+def test_a_step_point_that_does_not_fit_is_skipped_and_the_rest_kept(tmp_path, monkeypatch):
+    """On an H100, B = 64 at 8,192 tokens (79 GiB with the weights) is refused before allocating:
+    the refusal ended the whole step part, and its B = 1 and B = 16 timings were lost with it. A
+    later error in the part keeps what was measured before it, too."""
+    from labkit import sweeps
+    from labkit.errors import FootprintError
+    calls = []
+
+    def measure_decode(model, B, S, cache_dtype, device=None):
+        calls.append(B)
+        if B == 64:
+            raise FootprintError("64 x 8,192 tokens needs 79.0 GiB; refused before allocating")
+        if len(calls) > 3:  # the unfused pass: fails
+            raise RuntimeError("a kernel failed")
+        return {"batch": B, "context_tokens": S, "cache_dtype": cache_dtype, "time_s": 1e-3, "roof_fraction": 0.5,
+                "kernels": "triton"}
+    monkeypatch.setattr(sweeps, "measure_decode", measure_decode)
+    monkeypatch.setattr(gpu_tune, "DRY_STEP_POINTS", ((1, 64, "fp16"), (64, 64, "fp16"), (16, 64, "fp16")))
+    assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "step"]) == 0
+    (path,) = tmp_path.glob("gpu-tune-cpu-*.json")
+    step = json.loads(path.read_text())["step"]
+    assert [p["batch"] for p in step["before"]] == [1, 16]
+    assert step["skipped"][0][:4] == ["before", 64, 64, "fp16"] and "refused before allocating" in step["skipped"][0][4]
+    assert step["error"] == "RuntimeError: a kernel failed"
+
+
+def test_a_stop_cannot_be_swallowed_by_a_catch_all(tmp_path, monkeypatch):
+    """A CUDA graph's capture falls back to eager on any Exception: a SIGTERM arriving during one
+    was swallowed there, and the run carried on past its step's timeout."""
+    def catch_all(run, deadline, result):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except Exception:  # noqa: BLE001 - as cuda_graphs.capture does
+            return {"swallowed": True}
+        raise AssertionError("SIGTERM did not stop the part")
+
+    monkeypatch.setattr(gpu_tune, "STOPPED", [])
+    monkeypatch.setattr(gpu_tune, "time_steps", catch_all)
+    assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "step"]) == 0
+    (path,) = tmp_path.glob("gpu-tune-cpu-*.json")
+    assert json.loads(path.read_text())["step"] == {"error": "Stopped: stopped by SIGTERM (its step's timeout) while running"}
