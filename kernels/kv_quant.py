@@ -58,9 +58,20 @@ if triton is not None:  # the kernel exists where Triton does; `quantize_kv_refe
 
     @triton.jit
     def fp8_codes(x, inv_scale):
-        """x (fp32) times 1/scale, saturated to e4m3's +-448 (it has no inf), as fp8 e4m3."""
+        """x (fp32) times 1/scale, saturated to e4m3's +-448 (it has no inf), as fp8 e4m3; a NaN
+        stays NaN, as in the reference (min/max leave NaNs out by default: it was stored -448)."""
         y = x * inv_scale
-        return tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)  # FP8_MAX
+        y = tl.maximum(y, -448.0, propagate_nan=tl.PropagateNan.ALL)
+        return tl.minimum(y, 448.0, propagate_nan=tl.PropagateNan.ALL).to(tl.float8e4nv)  # FP8_MAX
+
+    @triton.jit
+    def absmax_of(x, axis: tl.constexpr):
+        """max |x| along `axis`, NaN where a row holds a NaN, as torch's amax: tl.max leaves NaNs
+        out, and a NaN key was stored as a finite code with a finite scale, hiding the fault.
+        Also used by kernels/rope_store.py."""
+        absmax = tl.max(tl.abs(x), axis=axis)
+        has_nan = tl.max((x != x).to(tl.int32), axis=axis) > 0
+        return tl.where(has_nan, float("nan"), absmax)
 
     @triton.jit(do_not_specialize=["R"])  # one compiled variant for every row count
     def _quantize_kv_kernel(
@@ -83,7 +94,7 @@ if triton is not None:  # the kernel exists where Triton does; `quantize_kv_refe
         x = tl.load(x_ptr + offs_r[:, None] * stride_xr + offs_d[None, :], mask=mask, other=0.0)
         x = x.to(tl.float32)
         if IS_INT8:
-            absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_R]
+            absmax = absmax_of(x, 1)  # [BLOCK_R]
             q = int8_codes(x, absmax[:, None])
             tl.store(q_ptr + offs_r[:, None] * D + offs_d[None, :], q.to(tl.int8), mask=mask)
             tl.store(scale_ptr + offs_r, absmax / 127.0, mask=offs_r < R)

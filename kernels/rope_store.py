@@ -48,7 +48,7 @@ CACHE_FLOAT, CACHE_INT8, CACHE_FP8 = 0, 1, 2
 
 
 if triton is not None:  # the kernel exists where Triton does; `rope_and_store_reference` everywhere
-    from .kv_quant import fp8_codes, int8_codes
+    from .kv_quant import absmax_of, fp8_codes, int8_codes
 
     @triton.jit
     def _store_head(dst, scale_dst, a, b, offs, mask, HALF, CACHE_KIND: tl.constexpr):
@@ -56,7 +56,7 @@ if triton is not None:  # the kernel exists where Triton does; `rope_and_store_r
         int8 scale at scale_dst; for fp8, scale_dst is the layer's scale, read)."""
         if CACHE_KIND == 1:
             af, bf = a.to(tl.float32), b.to(tl.float32)
-            absmax = tl.maximum(tl.max(tl.abs(af), axis=0), tl.max(tl.abs(bf), axis=0))  # masked lanes are 0
+            absmax = tl.maximum(absmax_of(af, 0), absmax_of(bf, 0), propagate_nan=tl.PropagateNan.ALL)  # masked lanes are 0
             tl.store(dst + offs, int8_codes(af, absmax).to(tl.int8), mask=mask)
             tl.store(dst + HALF + offs, int8_codes(bf, absmax).to(tl.int8), mask=mask)
             tl.store(scale_dst, absmax / 127.0)

@@ -96,6 +96,18 @@ def test_kernel_agrees_with_the_models_torch_path(cache):
         assert ((back - want[:, :, 0]).abs() <= step / 2 + 1e-5).all(), f"{cache}: stored rows differ"
 
 
+def test_a_nan_in_a_new_key_poisons_its_int8_scale():
+    """As kernels.kv_quant: tl.max left the NaN out, and the token was stored with finite codes
+    and a finite scale, an overflow upstream hidden in the cache."""
+    case = make_case(2, 4, 2, 9, 16, torch.float32, "int8", [3, 8])
+    case[0][1, 4 * 16 + 5] = float("nan")  # row 1's first key head (k follows H = 4 query heads of D = 16)
+    pos = torch.tensor([3, 8], dtype=torch.int32, device=DEVICE)
+    got = clone(case)
+    rope_and_store(got[0], got[1], got[2], *got[3:], pos)
+    k_scales = got[5][torch.arange(2), :, pos.long()]  # [B, Hkv]
+    assert torch.isnan(k_scales[1, 0]) and not torch.isnan(k_scales[0]).any() and not torch.isnan(k_scales[1, 1])
+
+
 @gpu_only("the interpreter's in-kernel fp32 -> fp8 e4m3 cast is wrong for a few % of values")
 def test_fp8_cache_on_a_gpu():
     case = make_case(3, 8, 2, 17, 128, torch.bfloat16, "fp8", [1, 16, 5])
