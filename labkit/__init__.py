@@ -44,11 +44,27 @@ if _cores < (os.cpu_count() or 1):
 # is the one place that choice is made; `backend.triton_mode` reports it, and the tests import labkit
 # first to get the same choice. Where Triton is not installed (macOS and Windows have no wheels) the
 # variable is set but never read: the CPU path imports no triton, and `backend.triton_installed` says so.
-# An NVIDIA driver shows itself by its device node or /proc entry even where a container carries no
-# nvidia-smi (NVIDIA_DRIVER_CAPABILITIES=compute): by nvidia-smi alone, such a GPU machine ran every
-# kernel in the interpreter, slowly and with wrong bf16.
+# An NVIDIA driver shows itself by its device node or /proc entry and its library even where a
+# container carries no nvidia-smi (NVIDIA_DRIVER_CAPABILITIES=compute): by nvidia-smi alone, such a
+# GPU machine ran every kernel in the interpreter, slowly and with wrong bf16. The library is only
+# loaded, never initialised (cuInit here would make every forked child's CUDA unusable).
 _NVIDIA_DRIVER = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
-if shutil.which("nvidia-smi") is None and not any(os.path.exists(p) for p in _NVIDIA_DRIVER):
+
+
+def _nvidia_driver() -> bool:
+    if shutil.which("nvidia-smi") is not None:
+        return True
+    if not any(os.path.exists(p) for p in _NVIDIA_DRIVER):
+        return False
+    import ctypes  # only where a driver's node is there: loading libcuda is the last sign
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:  # a device node without the driver's library: no CUDA here
+        return False
+    return True
+
+
+if not _nvidia_driver():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Under a memory limit with no room to load torch, the kernel's OOM killer would end this kernel or

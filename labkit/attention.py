@@ -74,7 +74,7 @@ def _fused_for_check(device: str, dtype: str):
     how = backend.kernels_run_on(device)
     if how is None:
         raise LabError(f"the Triton kernel cannot run on the {device} here: set TRITON_INTERPRET=1 "
-                       "before triton is imported (import labkit does so on a machine without a GPU)")
+                       "before triton is imported (import labkit does so where it finds no NVIDIA driver)")
     if dtype == "bf16" and how == "interpreter":
         raise LabError("bf16 is not supported by Triton's CPU interpreter; use fp32 or fp16 here")
     from kernels.flash_attention import flash_attention  # triton loads on first use

@@ -355,18 +355,20 @@ def test_an_os_that_reports_no_memory_is_one_clear_error(monkeypatch):
         backend.free_memory_bytes("cpu")
 
 
-@pytest.mark.parametrize("driver_sign, interpreted", [(None, "1"), ("/dev/nvidiactl", None),
-                                                      ("/proc/driver/nvidia/version", None)])
-def test_a_gpu_machine_without_nvidia_smi_compiles_the_kernels(driver_sign, interpreted):
+@pytest.mark.parametrize("driver_sign, with_library, interpreted", [
+    (None, True, "1"), ("/dev/nvidiactl", True, None), ("/proc/driver/nvidia/version", True, None),
+    ("/dev/nvidiactl", False, "1")])  # a device node without the driver's library: no CUDA
+def test_a_gpu_machine_without_nvidia_smi_compiles_the_kernels(driver_sign, with_library, interpreted):
     """A container given the GPU for compute only (NVIDIA_DRIVER_CAPABILITIES=compute) has the
-    driver's device node and /proc entry but no nvidia-smi: by nvidia-smi alone, labkit chose
-    Triton's interpreter there, slow and with wrong bf16."""
+    driver's device node, /proc entry and library but no nvidia-smi: by nvidia-smi alone, labkit
+    chose Triton's interpreter there, slow and with wrong bf16."""
     import os
     import subprocess
     import sys
-    code = ("import os, shutil\nreal = os.path.exists\n"
+    code = ("import ctypes, os, shutil\nreal, load = os.path.exists, ctypes.CDLL\n"
             f"os.path.exists = lambda p: p == {driver_sign!r} or real(p)\n"
             "shutil.which = lambda name, *a, **k: None\n"  # no nvidia-smi on PATH
+            f"ctypes.CDLL = lambda name, *a, **k: object() if name == 'libcuda.so.1' and {with_library!r} else load(name, *a, **k)\n"
             "import labkit\nprint(os.environ.get('TRITON_INTERPRET'))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version")):
