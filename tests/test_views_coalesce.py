@@ -406,3 +406,55 @@ def test_the_status_line_names_each_control_as_its_label_reads():
                                  "cache_dtype": views.toggle("cache", ["fp32", "bf16"], "bf16")},
                                 [], lambda **values: None, draw=lambda result: None)
     assert widget.setting() == "batch B = 16, context S = 1,024, cache bf16"
+
+
+@pytest.mark.parametrize("cells, measuring, said", [
+    (True, None, ["the running cell"]), (None, None, ["the running cell"]),  # nobody counts: as before
+    (False, "measuring B = 2", ["measuring B = 2"]),
+    (False, None, [])])  # between two calls, no cell running: the call is taken up next, nothing said
+def test_a_waiting_call_names_what_it_waits_for_or_says_nothing(monkeypatch, cells, measuring, said):
+    """A hand-off that landed just after one measurement ended and before the next began said
+    "once the running cell has finished" with no cell running."""
+    from types import SimpleNamespace
+    from labkit.views import base
+    monkeypatch.setattr(base, "QUEUED_S", 0.01)
+    monkeypatch.setattr(base, "_cells", SimpleNamespace(running=cells))
+    monkeypatch.setattr(base, "_RUNNING", [measuring] if measuring else [])
+    never_started = SimpleNamespace(call_soon_threadsafe=lambda *args: None)  # a main thread busy throughout
+    heard = []
+    base._hand_home(never_started, lambda: None, waiting=heard.append)
+    time.sleep(0.2)
+    assert heard == said
+
+
+def test_cells_are_counted_by_ipythons_events():
+    from labkit.views import base
+
+    class Events:
+        def __init__(self):
+            self.handlers = {}
+
+        def register(self, name, fn):
+            self.handlers[name] = fn
+
+    shell = type("Shell", (), {})()
+    shell.events = Events()
+    count = base._CellCount()
+    assert count.running is None  # outside IPython: unknown
+    import IPython
+    real = IPython.get_ipython
+    try:
+        IPython.get_ipython = lambda: shell
+        count.track()
+    finally:
+        IPython.get_ipython = real
+    assert count.running is True  # the cell making the widget is running
+    shell.events.handlers["post_run_cell"](None)
+    assert count.running is False
+    shell.events.handlers["pre_run_cell"](None)
+    shell.events.handlers["pre_run_cell"](None)  # a subshell's cell beside the main one
+    shell.events.handlers["post_run_cell"](None)
+    assert count.running is True
+    shell.events.handlers["post_run_cell"](None)
+    shell.events.handlers["post_run_cell"](None)  # one more end than starts: never below zero
+    assert count.running is False

@@ -140,6 +140,8 @@ class LessonWidget:
         self.result = None
         self._home = _running_loop()  # the main thread's event loop in a kernel (a cell makes the widget)
         self._home_thread = threading.get_ident()
+        if self._home is not None:
+            _cells.track()
         self._pending = None  # the timer of a browser change not computed yet
         self.error = ErrorLine()
         for control in controls.values():
@@ -284,6 +286,47 @@ def _running(doing: str):
             _RUNNING.pop()
 
 
+class _CellCount:
+    """How many cells the kernel runs now, by IPython's pre_run_cell and post_run_cell events (a
+    subshell's cell counts too: it runs beside the main thread's). `running`: True, False, or
+    None where nobody counts (outside IPython). Without it, a hand-off landing just after one
+    measurement ended and before the next began said "once the running cell has finished" with
+    no cell running."""
+
+    def __init__(self):
+        self._lock, self._count, self._shell = threading.Lock(), 0, None
+
+    def track(self):
+        """Count the cells of the IPython shell this runs in, once (a no-op outside IPython). Called
+        from the cell that makes a widget: that cell counts as running (its pre_run_cell has passed,
+        and its own measurements, a `prime`, may keep it going for seconds)."""
+        try:
+            from IPython import get_ipython  # the kernel's shell; absent outside Jupyter
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None or shell is self._shell:
+            return
+        self._shell, self._count = shell, 1
+        shell.events.register("pre_run_cell", self._began)
+        shell.events.register("post_run_cell", self._ended)
+
+    def _began(self, _info=None):
+        with self._lock:
+            self._count += 1
+
+    def _ended(self, _result=None):
+        with self._lock:
+            self._count = max(self._count - 1, 0)
+
+    @property
+    def running(self):
+        return None if self._shell is None else self._count > 0
+
+
+_cells = _CellCount()
+
+
 def _hand_home(loop, call, waiting=None):
     """Post `call()` to the main thread's event `loop`, interruptibly. If it has not started
     `QUEUED_S` later, `waiting(ahead)` runs here (a timer thread), where `ahead` is what the main
@@ -300,7 +343,11 @@ def _hand_home(loop, call, waiting=None):
         with lock:
             if not started:
                 ahead = _RUNNING[-1:]  # a slice: the main thread may pop it meanwhile
-                waiting(ahead[0] if ahead else "the running cell")
+                if ahead:
+                    waiting(ahead[0])
+                elif _cells.running is not False:  # a cell, or nobody counts them (outside IPython)
+                    waiting("the running cell")
+                # else the main thread is between two calls and takes this one up next: nothing to say
 
     loop.call_soon_threadsafe(start)
     if waiting is not None:
@@ -499,6 +546,8 @@ def after_estimate(question: str, *items) -> widgets.VBox:
     box = widgets.VBox([asking, anyway])
     box.add_class("labkit-held")  # the browser tests read held text (`pre`) once the estimate is in
     home, home_thread = _running_loop(), threading.get_ident()
+    if home is not None:
+        _cells.track()
 
     def open_box(_button=None):
         box.children = shown
