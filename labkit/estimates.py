@@ -115,7 +115,8 @@ def _well_formed(line) -> bool:
     rows = line.get("rows")
     return (isinstance(line.get("question_id"), str) and isinstance(line.get("recorded_utc"), str)
             and isinstance(rows, list) and len(rows) > 0
-            and all(isinstance(row, list) and len(row) == 2 for row in rows))
+            and all(isinstance(row, list) and len(row) == 2 for row in rows)
+            and isinstance(line.get("values", {}), dict))
 
 
 def earlier(question_id: str, path: Path | None = None) -> list[dict]:
@@ -203,13 +204,13 @@ def room(journals: list[list[dict]]) -> list[dict]:
             if line["question_id"] not in seen:
                 seen.add(line["question_id"])
                 firsts.setdefault(line["question_id"], []).append(line)
-    summary = []
+    rows = []
     for question_id, lines in firsts.items():
         values = [line.get("values") or {} for line in lines]
         row = {"question": question_id, "compared": lines[-1].get("compared") or question_id,
                "unit": lines[-1].get("unit"), "learners": len(lines)}
         if row["unit"] is None:  # a pick
-            picks = [line.get("estimate") for line in lines]
+            picks = [str(line.get("estimate")) for line in lines]
             row["picks"] = {pick: picks.count(pick) for pick in dict.fromkeys(picks)}
             row["matched"] = sum(v.get("measured") is not None and v.get("estimate") == v.get("measured") for v in values)
         else:
@@ -219,8 +220,8 @@ def room(journals: list[list[dict]]) -> list[dict]:
             row["median_estimate"] = statistics.median(estimates_) if estimates_ else None
             row["median_lab_answer"] = statistics.median([m for _, m in pairs]) if pairs else None
             row["close"] = sum(abs(e / m - 1) <= CLOSE_WITHIN for e, m in pairs)
-        summary.append(row)
-    return summary
+        rows.append(row)
+    return rows
 
 
 def room_lines(summary: list[dict]) -> list[str]:

@@ -60,13 +60,13 @@ def test_a_line_of_the_wrong_shape_is_counted_unreadable_and_breaks_nothing(tmp_
     path = tmp_path / "estimates.jsonl"
     good = estimates.entry("decode_batch", "q?", 12.0, "×", shown())
     bad = [{**good, "rows": []}, {**good, "recorded_utc": None}, {**good, "rows": [["only a name"]]},
-           {**good, "question_id": 7}, [good]]
+           {**good, "question_id": 7}, [good], {**good, "values": [12.0, 9.7]}]
     path.write_text("".join(json.dumps(line) + "\n" for line in [*bad, good]))
     entries, unreadable = estimates.read(path)
     assert len(entries) == 1 and unreadable == len(bad)
     assert "1 answer kept" in estimates.summary(path)
     monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
-    assert cli.main(["estimates"]) == 0 and "5 line(s) could not be read" in capsys.readouterr().out
+    assert cli.main(["estimates"]) == 0 and "6 line(s) could not be read" in capsys.readouterr().out
 
 
 def test_a_line_cut_short_does_not_swallow_the_next(tmp_path):
