@@ -64,7 +64,21 @@ def _nvidia_driver() -> bool:
     return True
 
 
-if not _nvidia_driver():
+def _torch_sees_no_gpu() -> bool:
+    """Whether torch cannot use a GPU that is there, told without importing torch (which loads
+    after this choice, and after `import_room`'s check): a CPU-only build ("2.13.0+cpu", what
+    `make venv` installs where nvidia-smi is missing), or CUDA_VISIBLE_DEVICES set empty or to -1.
+    There the kernels can run only in the interpreter, as on a machine with no driver at all."""
+    import importlib.metadata  # stdlib; only the installed version string is read
+    try:
+        if "+cpu" in importlib.metadata.version("torch"):
+            return True
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1")
+
+
+if not _nvidia_driver() or _torch_sees_no_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Under a memory limit with no room to load torch, the kernel's OOM killer would end this kernel or

@@ -218,19 +218,22 @@ def list_estimates(args) -> dict:
         journals = []
         for name in args.room:
             path = Path(name)
-            if not path.is_file():
+            try:
+                found = path.is_file()
+            except OSError as err:  # a home the caller may not enter
+                raise UsageError(f"--room: cannot read {name}: {err.strerror or err}") from None
+            if not found and any(c in name for c in "*?["):  # the shell left the pattern as typed
+                raise UsageError(f"--room: {name} matched no journal; learners' homes are often closed to "
+                                 "other users: let a root shell expand it, sudo sh -c 'python -m labkit "
+                                 "estimates --room /home/*/.local/share/labkit/estimates.jsonl'")
+            if not found:
                 raise UsageError(f"--room: no journal at {name} (a learner's ~/.local/share/labkit/estimates.jsonl)")
             journals.append(estimates.read(path))
         return {"journals": len(journals), "unreadable_lines": sum(unreadable for _, unreadable in journals),
                 "questions": estimates.room([entries for entries, _ in journals])}
     entries, unreadable = estimates.read()
-    rows = []
-    for line in entries:
-        yours, answer, how = estimates.yours_and_measured(line)
-        formula = line["rows"][1][1] if len(line["rows"]) > 2 else None
-        rows.append({"recorded_utc": line["recorded_utc"], "question": line["question_id"], "yours": yours,
-                     "formula": formula, "lab_answer": answer, "how": how})
-    return {"journal": str(estimates.journal_path()), "estimates": rows, "unreadable_lines": unreadable}
+    return {"journal": str(estimates.journal_path()), "estimates": estimates.kept_rows(entries),
+            "unreadable_lines": unreadable}
 
 
 def run_measure(args) -> dict:
@@ -448,7 +451,7 @@ def _print_human(command: str, result: dict):
             print(f"({result['unreadable_lines']:,} line(s) could not be read, left as they are)")
     elif command == "estimates":
         if result["estimates"]:
-            _print_rows(result["estimates"], ["recorded_utc", "question", "yours", "formula", "lab_answer", "how"])
+            _print_rows(result["estimates"], ["day", "compared", "yours", "formula", "lab_answer", "how", "yours_over_lab"])
         else:
             print("no estimates kept yet: commit one in a lesson's \"Predict first\" box")
         print(f"journal: {result['journal']}"

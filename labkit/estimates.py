@@ -42,16 +42,18 @@ def journal_path() -> Path:
 
 
 def entry(question_id: str, question: str, estimate, unit: str | None, shown: dict,
-          when: dt.datetime | None = None) -> dict:
+          when: dt.datetime | None = None, seen_first: bool = False) -> dict:
     """One journal line: the question (`predict.ask`'s name and the words the learner read), the
-    estimate as committed (a number in `unit`, or the option picked), and the reveal as shown
+    estimate as committed (a number in `unit`, or the option picked), the reveal as shown
     (`explore.reveal`'s dict: what it compared, its rows, the estimate's first and the lab's answer
-    last, and its line on the gap)."""
+    last, and its line on the gap), and `seen_first`: whether the learner had opened the held
+    answer ("Show it without an estimate") before committing."""
     when = when or dt.datetime.now(dt.timezone.utc)
     values = {name: _plain(value) for name, value in shown.get("values", {}).items()}
     return {"schema": SCHEMA, "recorded_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"), "question_id": question_id,
             "question": question, "compared": shown["question"], "estimate": _plain(estimate), "unit": unit,
-            "rows": [list(row) for row in shown["rows"]], "gap": shown["gap"], "values": values}
+            "rows": [list(row) for row in shown["rows"]], "gap": shown["gap"], "values": values,
+            "seen_first": bool(seen_first)}
 
 
 def _plain(value):
@@ -119,14 +121,25 @@ def _well_formed(line) -> bool:
             and isinstance(line.get("values", {}), dict))
 
 
-def earlier(question_id: str, path: Path | None = None) -> list[dict]:
-    """The entries for `question_id`, oldest first ([] if the journal cannot be read: a widget's
-    question must show all the same)."""
+def earlier(question_id: str, path: Path | None = None, compared: str | None = None) -> list[dict]:
+    """The entries for `question_id` (and, given, the same `compared`: the reveal's words, which
+    carry its settings), oldest first ([] if the journal cannot be read: a widget's question must
+    show all the same)."""
     try:
         entries, _ = read(path)
     except LabError:
         return []
-    return [e for e in entries if e["question_id"] == question_id]
+    return [e for e in entries if e["question_id"] == question_id
+            and (compared is None or e.get("compared") == compared)]
+
+
+def local_date(line: dict) -> str:
+    """The day a line was kept, in this machine's time zone (kept in UTC): "2026-12-05"."""
+    try:
+        when = dt.datetime.strptime(line["recorded_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    except ValueError:  # a hand-edited date: shown as written
+        return line["recorded_utc"][:10]
+    return when.astimezone().date().isoformat()
 
 
 def yours_and_measured(line: dict) -> tuple[str, str, str]:
@@ -146,17 +159,34 @@ def earlier_sentence(entries: list[dict], shown_at_most: int = 3) -> str:
     parts = []
     for line in newest:
         yours, answer, how = yours_and_measured(line)
-        parts.append(f"{yours} on {line['recorded_utc'][:10]} ({how} then: {answer})")
+        parts.append(f"{yours} on {local_date(line)} ({how} then: {answer})")
     more = len(entries) - len(newest)
     head = "Your earlier answers here" + (f" (the newest {len(newest)} of {len(entries)})" if more else "")
     return f"{head}: {'; '.join(parts)}."
 
 
+def kept_rows(entries: list[dict]) -> list[dict]:
+    """Each kept answer as lesson 08 and `python -m labkit estimates` show it: the day (local), what
+    was compared, the estimate, the formula's answer and the lab's as the reveal showed them, how
+    the lab had it, and the estimate ÷ the lab's answer (None for a pick, or a line kept without
+    its unrounded values): where the learner was furthest off, at a glance."""
+    rows = []
+    for line in entries:
+        yours, answer, how = yours_and_measured(line)
+        values = line.get("values") or {}
+        estimate, measured = values.get("estimate"), values.get("measured")
+        ratio = (estimate / measured if line.get("unit") is not None and isinstance(estimate, float)
+                 and isinstance(measured, float) and measured else None)
+        rows.append({"day": local_date(line), "compared": str(line.get("compared") or line["question_id"]),
+                     "yours": yours, "formula": str(line["rows"][1][1]) if len(line["rows"]) > 2 else None,
+                     "lab_answer": answer, "how": how, "yours_over_lab": ratio})
+    return rows
+
+
 def summary(path: Path | None = None) -> str:
-    """Every kept answer as lines a learner reads (lesson 08): the date, what was compared, the
-    estimate, the formula's answer and the lab's; with none kept, how to keep one. A run with nobody
-    at the keyboard (LABKIT_AUTO_REVEAL=1: a report, a test) lists nobody's: a handout made on an
-    instructor's machine would otherwise print the instructor's answers."""
+    """Every kept answer as lines a learner reads (lesson 08, `kept_rows`); with none kept, how to
+    keep one. A run with nobody at the keyboard (LABKIT_AUTO_REVEAL=1: a report, a test) lists
+    nobody's: a handout made on an instructor's machine would otherwise print the instructor's."""
     if unattended():
         return ("This copy was run with nobody at the keyboard, so it committed sample estimates and "
                 "kept none; in your own lab, your committed answers are listed here.")
@@ -168,46 +198,39 @@ def summary(path: Path | None = None) -> str:
         return (f"No estimates kept yet in {path or journal_path()}: commit one in a lesson's "
                 "\"Predict first\" box and it is listed here.")
     lines = [f"{len(entries):,} answer{'s' if len(entries) > 1 else ''} kept in {path or journal_path()}, oldest first:"]
-    for line in entries:
-        yours, answer, how = yours_and_measured(line)
-        formula = f", the formula {line['rows'][1][1]}" if len(line["rows"]) > 2 else ""
-        lines.append(f"  {line['recorded_utc'][:10]}  {line.get('compared') or line['question_id']}: "
-                     f"yours {yours}{formula}, {how} {answer}{_off_by(line)}")
+    for row in kept_rows(entries):
+        formula = f", the formula {row['formula']}" if row["formula"] else ""
+        off = f" (yours ÷ the lab's: {row['yours_over_lab']:.2g})" if row["yours_over_lab"] is not None else ""
+        lines.append(f"  {row['day']}  {row['compared']}: yours {row['yours']}{formula}, {row['how']} "
+                     f"{row['lab_answer']}{off}")
     if unreadable:
         lines.append(f"({unreadable:,} line{'s' if unreadable > 1 else ''} could not be read, left as "
                      f"{'they are' if unreadable > 1 else 'it is'})")
     return "\n".join(lines)
 
 
-def _off_by(line: dict) -> str:
-    """' (yours ÷ the lab's: 2.7)' for a number kept with its unrounded values, else '' (a pick, an
-    older line): where the learner was furthest off, at a glance."""
-    values = line.get("values") or {}
-    estimate, answer = values.get("estimate"), values.get("measured")
-    if line.get("unit") is None or not isinstance(estimate, float) or not isinstance(answer, float) or not answer:
-        return ""
-    return f" (yours ÷ the lab's: {estimate / answer:.2g})"
-
-
 def room(journals: list[list[dict]]) -> list[dict]:
     """A workshop room's answers, question by question (in the order they were first answered),
-    from each learner's journal (`read`'s entries): only a learner's first answer to a question
-    counts, the one made before they saw the lab's. For a number: how many answered, the median
+    from each learner's journal (`read`'s entries): a question at other settings (its reveal's
+    words differ) is another question, and only a learner's first answer to it counts, the one
+    made before they saw the lab's (an answer committed after "Show it without an estimate" is
+    left out). For a number: how many answered, the median
     estimate and the median of the lab's answers (each on its learner's machine), and how many
     estimates were close to their own lab answer (within `CLOSE_WITHIN`, as the reveal says "close");
     for a pick: how many picked each option, and how many picked the lab's answer. Lines kept before
     the reveal's unrounded values were (none but the shown text) count as answered, not as close."""
-    firsts: dict[str, list[dict]] = {}
+    firsts: dict[tuple, list[dict]] = {}
     for entries in journals:
         seen = set()
         for line in entries:
-            if line["question_id"] not in seen:
-                seen.add(line["question_id"])
-                firsts.setdefault(line["question_id"], []).append(line)
+            key = (line["question_id"], str(line.get("compared") or line["question_id"]))  # its settings too
+            if key not in seen and not line.get("seen_first"):
+                seen.add(key)
+                firsts.setdefault(key, []).append(line)
     rows = []
-    for question_id, lines in firsts.items():
+    for (question_id, compared), lines in firsts.items():
         values = [line.get("values") or {} for line in lines]
-        row = {"question": question_id, "compared": lines[-1].get("compared") or question_id,
+        row = {"question": question_id, "compared": compared,
                "unit": lines[-1].get("unit"), "learners": len(lines)}
         if row["unit"] is None:  # a pick
             picks = [str(line.get("estimate")) for line in lines]

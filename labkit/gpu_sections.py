@@ -226,8 +226,9 @@ def check_rope_store(run: Run, cache_dtype: str) -> dict:
 
 def _caches_agree(run: Run, what: str, cache_dtype: str, mine, ref, result: dict) -> dict:
     """`result` with the k and v caches the kernel wrote (`mine`) compared with the reference's: codes
-    for int8/fp8 at the quantiser's code tolerance, else at the cache dtype's; an int8 cache's
-    per-token scales too (the kernel divides by Triton's approximate division), at INT8_SCALES."""
+    for int8/fp8 at the quantiser's code tolerance, else at the cache dtype's; the scales too, at
+    INT8_SCALES: an int8 cache's per-token ones (the kernel divides by Triton's approximate
+    division), and fp8's one layer scale, which both sides only read."""
     from kernels.tolerances import INT8_SCALES, float_tolerance, kv_quant_code_tolerance  # triton: after the interpreter choice
     codes = kv_quant_code_tolerance(cache_dtype, run.device == "cuda") if cache_dtype in ("int8", "fp8") \
         else float_tolerance(cache_dtype)

@@ -152,7 +152,7 @@ class TritonOps:
 
     kernels/ is imported inside each method, on first use: it imports triton, which reads
     TRITON_INTERPRET once, at its import, so importing labkit.model must not fix it before the
-    caller has decided (labkit's import sets it without nvidia-smi; `gpu_check.main` sets it later,
+    caller has decided (labkit's import sets it where torch can use no NVIDIA GPU; `gpu_check.main` sets it later,
     on a driver without a usable GPU). The CPU path never calls these and never loads triton here."""
 
     name = "triton"

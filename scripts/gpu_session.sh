@@ -47,7 +47,7 @@ session="$out/session-$stamp.log"
 {
     echo "[gpu_session] commit $LABKIT_GIT_COMMIT, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "[gpu_session] no nvidia-smi"
-    "$py" -c "import torch, triton; print('[gpu_session] torch', torch.__version__, 'CUDA', torch.version.cuda, '| triton', triton.__version__, '| CUDA GPU:', torch.cuda.is_available())" 2>&1
+    timeout -k 5 60 "$py" -c "import torch, triton; print('[gpu_session] torch', torch.__version__, 'CUDA', torch.version.cuda, '| triton', triton.__version__, '| CUDA GPU:', torch.cuda.is_available())" 2>&1
 } | tee -a "$session"
 dry=()
 if [ "${DRY:-0}" = 1 ]; then

@@ -120,6 +120,7 @@ def main(argv=None) -> int:
     result = {"device": device, "dtype": run.dtype, "budget_s": args.budget_s}
     # `timeout` (gpu_session.sh) stops a run that outlasts its step with SIGTERM: the part then
     # running ends with an error, no other starts, and the recording still keeps what was measured
+    STOPPED.clear()  # this run's: a run before it in the same process (a test) wrote "writing"
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         return _run_parts(args, parts, run, result, deadlines, start)
@@ -146,6 +147,7 @@ def _run_parts(args, parts, run, result, deadlines, start) -> int:
             partial = result.get(part) if isinstance(result.get(part), dict) else {}
             result[part] = {**partial, "error": f"{type(err).__name__}: {err}"}
     result["wall_s"] = round(time.perf_counter() - start, 1)
+    STOPPED.append("writing")  # a SIGTERM from here on is ignored (`_stop`): the recording is written
     device = run.device
     from labkit.backend import device_name
     from labkit.recordings import provenance, write_recording

@@ -355,22 +355,30 @@ def test_an_os_that_reports_no_memory_is_one_clear_error(monkeypatch):
         backend.free_memory_bytes("cpu")
 
 
-@pytest.mark.parametrize("driver_sign, with_library, interpreted", [
-    (None, True, "1"), ("/dev/nvidiactl", True, None), ("/proc/driver/nvidia/version", True, None),
-    ("/dev/nvidiactl", False, "1")])  # a device node without the driver's library: no CUDA
-def test_a_gpu_machine_without_nvidia_smi_compiles_the_kernels(driver_sign, with_library, interpreted):
+@pytest.mark.parametrize("driver_sign, with_library, torch_version, visible, interpreted", [
+    (None, True, "2.13.0", None, "1"),  # no driver
+    ("/dev/nvidiactl", True, "2.13.0", None, None), ("/proc/driver/nvidia/version", True, "2.13.0", None, None),
+    ("/dev/nvidiactl", False, "2.13.0", None, "1"),  # a device node without the driver's library
+    ("/dev/nvidiactl", True, "2.13.0+cpu", None, "1"),  # a driver, but torch built for the CPU
+    ("/dev/nvidiactl", True, "2.13.0", "", "1"), ("/dev/nvidiactl", True, "2.13.0", "-1", "1")])  # GPUs hidden
+def test_a_gpu_machine_without_nvidia_smi_compiles_the_kernels(driver_sign, with_library, torch_version, visible,
+                                                                interpreted):
     """A container given the GPU for compute only (NVIDIA_DRIVER_CAPABILITIES=compute) has the
     driver's device node, /proc entry and library but no nvidia-smi: by nvidia-smi alone, labkit
-    chose Triton's interpreter there, slow and with wrong bf16."""
+    chose Triton's interpreter there, slow and with wrong bf16. Where torch cannot use the GPU (a
+    CPU-only build, GPUs hidden), the interpreter is still the only way the kernels run."""
     import os
     import subprocess
     import sys
-    code = ("import ctypes, os, shutil\nreal, load = os.path.exists, ctypes.CDLL\n"
+    code = ("import ctypes, importlib.metadata, os, shutil\nreal, load = os.path.exists, ctypes.CDLL\n"
             f"os.path.exists = lambda p: p == {driver_sign!r} or real(p)\n"
             "shutil.which = lambda name, *a, **k: None\n"  # no nvidia-smi on PATH
             f"ctypes.CDLL = lambda name, *a, **k: object() if name == 'libcuda.so.1' and {with_library!r} else load(name, *a, **k)\n"
+            f"importlib.metadata.version = lambda name: {torch_version!r}\n"
             "import labkit\nprint(os.environ.get('TRITON_INTERPRET'))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version")):
         pytest.skip("this machine has an NVIDIA driver")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

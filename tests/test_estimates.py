@@ -123,7 +123,7 @@ def test_the_command_lists_every_kept_answer(monkeypatch, tmp_path, capsys):
         journal.write("not json\n")
     assert cli.main(["estimates"]) == 0
     out = capsys.readouterr().out
-    assert "2026-12-05T14:03:00Z decode_batch 12× 15.9× 9.7× measured" in [" ".join(x.split()) for x in out.splitlines()]
+    assert "2026-12-05 a ratio 12× 15.9× 9.7× measured 1.237" in [" ".join(x.split()) for x in out.splitlines()]
     assert "(1 line(s) could not be read, left as they are)" in out
     assert cli.main(["estimates", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
@@ -177,6 +177,17 @@ class TestTheWidget:
         again.button.click()
         assert f"Your earlier answers here: 12× on {today} (measured then: 9.7×)." in again.answer.value
         assert [e["estimate"] for e in estimates.read(self.path)[0]] == [12.0, 4.0]
+
+    def test_an_answer_committed_after_showing_it_anyway_says_so(self, monkeypatch):
+        from labkit.views import base
+        for name, empty in (("_COMMITTED", set()), ("_HELD", {}), ("_SEEN_FIRST", set())):
+            monkeypatch.setattr(base, name, empty)
+        held = base.after_estimate("decode_batch", "the chart")
+        held.children[1].click()  # "Show it without an estimate"
+        self.commit("12")
+        self.commit("9", name="prefill_growth")
+        assert [(e["question_id"], e["seen_first"]) for e in estimates.read(self.path)[0]] == [
+            ("decode_batch", True), ("prefill_growth", False)]
 
     def test_a_sample_estimate_is_not_kept(self, monkeypatch):
         from labkit import views
@@ -267,3 +278,35 @@ def test_a_rooms_summary_counts_each_learners_first_answer(tmp_path, monkeypatch
     assert json.loads(capsys.readouterr().out)["questions"][0]["median_estimate"] == 16.0
     assert cli.main(["estimates", "--room", str(tmp_path / "nobody" / "estimates.jsonl")]) == 2
     assert "--room: no journal at" in capsys.readouterr().err
+
+
+def test_a_question_at_other_settings_and_an_answer_seen_first_are_apart(tmp_path, monkeypatch, capsys):
+    """The reveal's words carry its settings ("batch 16 … 1,024 tokens"): an answer at other
+    settings is not an earlier answer to this one, nor pooled with it in a room. An answer
+    committed after "Show it without an estimate" was made with the answer in view: the room
+    leaves it out of the first answers."""
+    path = tmp_path / "ada" / "estimates.jsonl"
+    at = lambda tokens, e, m: explore.reveal(f"batch 16 ÷ batch 1 ({tokens:,} tokens each)", "×", e, 8.1, m, "a CPU", "w")
+    estimates.record(estimates.entry("decode_batch", "q?", 16.0, "×", at(1024, 16.0, 6.4), seen_first=True), path)
+    estimates.record(estimates.entry("decode_batch", "q?", 9.0, "×", at(1024, 9.0, 6.4)), path)
+    estimates.record(estimates.entry("decode_batch", "q?", 5.0, "×", at(256, 5.0, 7.9)), path)
+    assert [e["estimate"] for e in estimates.earlier("decode_batch", path, compared="batch 16 ÷ batch 1 (256 tokens each)")] == [5.0]
+    assert len(estimates.earlier("decode_batch", path)) == 3
+    rows = estimates.room([estimates.read(path)[0]])
+    assert [(r["compared"], r["median_estimate"]) for r in rows] == [
+        ("batch 16 ÷ batch 1 (1,024 tokens each)", 9.0), ("batch 16 ÷ batch 1 (256 tokens each)", 5.0)]
+    assert cli.main(["estimates", "--room", str(tmp_path / "*" / "nobody.jsonl")]) == 2
+    assert "matched no journal" in capsys.readouterr().err
+
+
+def test_a_day_is_shown_in_the_machines_time_zone(monkeypatch):
+    import time
+    line = {"recorded_utc": "2026-12-06T02:00:00Z"}
+    monkeypatch.setenv("TZ", "America/Los_Angeles")
+    time.tzset()
+    try:
+        assert estimates.local_date(line) == "2026-12-05"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert estimates.local_date({"recorded_utc": "yesterday-ish"}) == "yesterday-"

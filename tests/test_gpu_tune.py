@@ -195,3 +195,20 @@ def test_a_stop_cannot_be_swallowed_by_a_catch_all(tmp_path, monkeypatch):
     assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "step"]) == 0
     (path,) = tmp_path.glob("gpu-tune-cpu-*.json")
     assert json.loads(path.read_text())["step"] == {"error": "Stopped: stopped by SIGTERM (its step's timeout) while running"}
+
+
+@pytest.mark.triton  # the dry run runs in Triton's interpreter
+def test_a_stop_while_the_recording_is_written_is_ignored(tmp_path, monkeypatch):
+    """A SIGTERM after the parts have ended (the budget spent close to the step's timeout) raised
+    out of main() as the recording was written: nothing came back."""
+    from labkit import recordings
+    real = recordings.write_recording
+
+    def stopped_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(recordings, "write_recording", stopped_while_writing)
+    monkeypatch.setattr(gpu_tune, "time_steps", lambda run, deadline, result: {"done": True})
+    assert gpu_tune.main(["--out", str(tmp_path), "--dry-run", "--parts", "step"]) == 0
+    (path,) = tmp_path.glob("gpu-tune-cpu-*.json")
+    assert json.loads(path.read_text())["step"] == {"done": True}

@@ -139,3 +139,14 @@ def test_a_nan_poisons_its_rows_scale_as_in_the_reference(dtype):
     rest = [0, 1, 3, 4, 5]
     torch.testing.assert_close(q[rest].float(), q_ref[rest].float(), **INT8_CODE_TOL)
     torch.testing.assert_close(scale[rest], scale_ref[rest], **tol(INT8_SCALES))
+
+
+@gpu_only("the interpreter's in-kernel fp32 -> fp8 e4m3 cast is wrong for a few % of values")
+def test_a_nan_stays_nan_in_an_fp8_cache():
+    """The saturation to +-448 left NaNs out: a NaN key was stored as -448, a large finite value."""
+    x = randn(4, 128, dtype=torch.bfloat16, seed=6)
+    x[1, 9] = float("nan")
+    q, scale = quantize_kv(x, torch.float8_e4m3fn, torch.tensor(0.5, device=DEVICE), use_triton=True)
+    q_ref, _ = quantize_kv_reference(x, torch.float8_e4m3fn, torch.tensor(0.5, device=DEVICE))
+    assert torch.isnan(q[1, 9].float()) and torch.isnan(q_ref[1, 9].float())
+    assert not torch.isnan(q.float()[torch.arange(4) != 1]).any()

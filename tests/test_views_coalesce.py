@@ -168,7 +168,7 @@ def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the
         manager.shutdown_kernel(now=True)
 
 
-def test_in_a_real_kernel_the_first_move_made_while_a_cell_runs_is_said_at_once():
+def test_in_a_real_kernel_the_first_move_made_while_a_cell_runs_is_said():
     """ipykernel 7.4 sends a comm's incoming messages to the subshell it last spoke from, and a
     control made by a cell last spoke from the main thread: in JupyterLab the first move made
     while a later cell ran waited silently behind that cell (seen in Chromium: three moves during
@@ -410,6 +410,7 @@ def test_the_status_line_names_each_control_as_its_label_reads():
 
 @pytest.mark.parametrize("cells, measuring, said", [
     (True, None, ["the running cell"]), (None, None, ["the running cell"]),  # nobody counts: as before
+    (True, "measuring B = 2", ["the running cell"]),  # a cell that measures: the call waits for all of it
     (False, "measuring B = 2", ["measuring B = 2"]),
     (False, None, [])])  # between two calls, no cell running: the call is taken up next, nothing said
 def test_a_waiting_call_names_what_it_waits_for_or_says_nothing(monkeypatch, cells, measuring, said):

@@ -191,10 +191,7 @@ class LessonWidget:
         it (`_interruptibly`). Called now, an interrupt goes on to the cell or handler that called.
         Handed on, `waiting(ahead)` says so if the call has not started `QUEUED_S` later, `ahead`
         naming what runs there ("the running cell", "measuring B = 4")."""
-        if self._home is None or threading.get_ident() == self._home_thread:
-            call()
-        else:
-            _hand_home(self._home, call, waiting)
+        _at_home(self._home, self._home_thread, call, waiting)
 
     def _coalesce(self):
         if self._pending is not None:
@@ -258,9 +255,10 @@ def _routed_by_header(widget):
     whatever cell ran then, in silence, and only the moves after it reached the subshell. Measured
     in Chromium with JupyterLab 4.6.6 and ipykernel 7.4.0, a 20 s cell running: three moves, none
     said until the cell ended. Routed by their header, the moves reach `on_control` at once on the
-    subshell, which says so and hands them to the main thread (Voilà sends no subshell: the main
-    thread, as before). What the routing is for, a reply to a request with an id, these controls
-    never receive. Where ipykernel has no such routing (before 7.4) there is nothing to undo."""
+    subshell, which hands them to the main thread and says, if they wait there, what for
+    (`_hand_home`; Voilà sends no subshell: the main thread, as before). What the routing is for,
+    a reply to a request with an id, these controls never receive. Where ipykernel has no such
+    routing (before 7.4) there is nothing to undo."""
     comm = getattr(widget, "comm", None)
     if comm is not None and hasattr(comm, "_reply_subshell_for"):
         comm._reply_subshell_for = lambda _data, named: named
@@ -327,6 +325,14 @@ class _CellCount:
 _cells = _CellCount()
 
 
+def _at_home(loop, home_thread: int, call, waiting=None):
+    """`call()` now on the home thread (or with no `loop` to hand it to), else `_hand_home`."""
+    if loop is None or threading.get_ident() == home_thread:
+        call()
+    else:
+        _hand_home(loop, call, waiting)
+
+
 def _hand_home(loop, call, waiting=None):
     """Post `call()` to the main thread's event `loop`, interruptibly. If it has not started
     `QUEUED_S` later, `waiting(ahead)` runs here (a timer thread), where `ahead` is what the main
@@ -342,10 +348,12 @@ def _hand_home(loop, call, waiting=None):
     def check():
         with lock:
             if not started:
-                ahead = _RUNNING[-1:]  # a slice: the main thread may pop it meanwhile
-                if ahead:
+                ahead, cells = _RUNNING[-1:], _cells.running  # a slice: the main thread may pop it meanwhile
+                if cells:  # a cell runs (one that measures too): the call waits for all of it
+                    waiting("the running cell")
+                elif ahead:  # a measurement started by the browser, or a commit
                     waiting(ahead[0])
-                elif _cells.running is not False:  # a cell, or nobody counts them (outside IPython)
+                elif cells is None:  # nobody counts cells (outside IPython): as before
                     waiting("the running cell")
                 # else the main thread is between two calls and takes this one up next: nothing to say
 
@@ -430,7 +438,7 @@ class Predict(LessonWidget):
         before = estimates.earlier(name) if self.kept else []
         asked = f"<b>Question.</b> {html.escape(question)}"
         if before:
-            asked += (f"<br><i>You answered this {_times(len(before))} before, last on {before[-1]['recorded_utc'][:10]}; "
+            asked += (f"<br><i>You answered this {_times(len(before))} before, last on {estimates.local_date(before[-1])}; "
                       f"your answers are kept in {html.escape(str(estimates.journal_path()))}.</i>")
         self.widget = widgets.VBox([widgets.HTML(asked),
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
@@ -483,11 +491,14 @@ class Predict(LessonWidget):
                 with _running("checking an estimate"):
                     self.result = self.compute(estimate)
                     self.draw(self.result)
+                kept = self._keep(estimate)  # before anything else can be interrupted
                 if self.name is not None:
                     _estimate_committed(self.name)
-                self.error.status(self._keep(estimate))
+                self.error.status(kept)
         except KeyboardInterrupt:
             if self.answer.value:  # already revealed: committed, whatever the interrupt stopped after it
+                if self.name is not None and self.name not in _COMMITTED:
+                    _estimate_committed(self.name)
                 self.error.status("interrupted after the reveal: this answer may not have been kept")
             else:
                 self.input.disabled = self.button.disabled = False
@@ -502,7 +513,8 @@ class Predict(LessonWidget):
         if not self.kept:
             return ""
         try:
-            estimates.record(estimates.entry(self.name, self.question, estimate, self.unit, self.result))
+            estimates.record(estimates.entry(self.name, self.question, estimate, self.unit, self.result,
+                                             seen_first=self.name in _SEEN_FIRST))
         except OSError as err:
             return f"shown, but not kept in {estimates.journal_path()}: {err.strerror or err}"
         return ""
@@ -511,8 +523,10 @@ class Predict(LessonWidget):
         if self.auto:  # nobody typed it: a report's reader must not take it for theirs
             reveal = explore.as_sample(reveal)
         rows, gap = reveal["rows"], reveal["gap"]
-        # read before this answer is kept: the earlier ones only, in a paragraph of their own
-        earlier = estimates.earlier_sentence(estimates.earlier(self.name)) if self.kept else ""
+        # read before this answer is kept: the earlier ones to this very comparison (a question
+        # asked at other settings compares something else), in a paragraph of their own
+        earlier = estimates.earlier_sentence(estimates.earlier(self.name, compared=reveal["question"])) \
+            if self.kept else ""
         rows = "".join(f"<tr><td style='padding:2px 12px 2px 0'>{html.escape(name)}</td>"
                        f"<td style='padding:2px 0'><b>{html.escape(str(value))}</b></td></tr>"
                        for name, value in rows)
@@ -530,6 +544,7 @@ def _times(count: int) -> str:
 # lesson 01's chart drew the measured answer under the still unanswered question.
 _COMMITTED: set[str] = set()
 _HELD: dict[str, list] = {}
+_SEEN_FIRST: set[str] = set()  # questions whose held answer was shown before any estimate (kept with it)
 
 
 def after_estimate(question: str, *items) -> widgets.VBox:
@@ -552,15 +567,14 @@ def after_estimate(question: str, *items) -> widgets.VBox:
     def open_box(_button=None):
         box.children = shown
 
-    def clicked(_button):
-        """Opened on the main thread, which draws the charts it shows; a click made while a cell
-        runs says, once it has waited `QUEUED_S`, what it waits for (it was silent until the cell ended)."""
-        if home is None or threading.get_ident() == home_thread:
-            open_box()
-        else:
-            _hand_home(home, open_box, waiting=lambda ahead: setattr(
-                asking, "value", f"<i>Shown here once {html.escape(ahead)} has finished …</i>"))
-    anyway.on_click(clicked)
+    def shown_anyway():
+        _SEEN_FIRST.add(question)  # an estimate committed after this saw the answer first
+        open_box()
+
+    # Opened on the main thread, which draws the charts it shows; a click made while a cell runs
+    # says, once it has waited QUEUED_S, what it waits for (it was silent until the cell ended).
+    anyway.on_click(lambda _button: _at_home(home, home_thread, shown_anyway, waiting=lambda ahead: setattr(
+        asking, "value", f"<i>Shown here once {html.escape(ahead)} has finished …</i>")))
     _routed_by_header(anyway)
     _HELD.setdefault(question, []).append(open_box)
     return box
