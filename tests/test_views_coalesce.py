@@ -154,10 +154,7 @@ def test_in_a_real_kernel_browser_changes_sent_to_a_subshell_are_measured_on_the
             f"ask.input.value = '2'\nask.button.comm._reply_subshell_id = {subshell!r}\n"
             "ask.button.on_click(lambda b: revealed.append('click on ' + threading.current_thread().name))\n"
             "print(ask.button.model_id)"))
-        msg = client.session.msg("comm_msg", {"comm_id": button_id, "data": {
-            "method": "custom", "content": {"event": "click"}}})
-        msg["header"]["subshell_id"] = subshell
-        client.shell_channel.send(msg)
+        send_click(client, button_id, subshell)
         time.sleep(0.5)
         seen = eval(run(client, "print(revealed)"))
         clicked, reveals = [s for s in seen if s.startswith("click on ")], [s for s in seen if not s.startswith("click on ")]
@@ -232,10 +229,7 @@ def test_in_a_real_kernel_a_move_says_it_waits_only_when_it_does_and_names_what_
         cell = client.execute("time.sleep(1.5)")
         time.sleep(0.3)
         for model_id in (anyway_id, button_id):
-            msg = client.session.msg("comm_msg", {"comm_id": model_id, "data": {
-                "method": "custom", "content": {"event": "click"}}})
-            msg["header"]["subshell_id"] = subshell
-            client.shell_channel.send(msg)
+            send_click(client, model_id, subshell)
         time.sleep(0.5)
         assert run(client, "print(held.children[0].value, '|', ask.error.widget.value)", subshell) == (
             "<i>Shown here once the running cell has finished …</i> | "
@@ -284,10 +278,7 @@ def test_in_a_real_kernel_an_interrupted_reveal_clicked_in_the_browser_says_so_a
             "print(ask.button.model_id)"))
         subshell = subshell_of(client)
         run(client, f"ask.button.comm._reply_subshell_id = {subshell!r}")  # as ipykernel 7.4 records a click's thread
-        msg = client.session.msg("comm_msg", {"comm_id": button_id, "data": {
-            "method": "custom", "content": {"event": "click"}}})
-        msg["header"]["subshell_id"] = subshell
-        client.shell_channel.send(msg)
+        send_click(client, button_id, subshell)
         time.sleep(1.0)
         assert "measuring on this machine" in run(client, "print(ask.error.widget.value)", subshell)
         manager.interrupt_kernel()  # Kernel > Interrupt
@@ -303,6 +294,14 @@ def subshell_of(client) -> str:
     """A new subshell of the kernel (JEP 91's create_subshell_request, as JupyterLab sends)."""
     client.control_channel.send(client.session.msg("create_subshell_request", {}))
     return client.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
+
+
+def send_click(client, comm_id: str, subshell: str):
+    """A button's click as JupyterLab sends it: a custom comm message, to `subshell`."""
+    msg = client.session.msg("comm_msg", {"comm_id": comm_id, "data": {
+        "method": "custom", "content": {"event": "click"}}})
+    msg["header"]["subshell_id"] = subshell
+    client.shell_channel.send(msg)
 
 
 def send_update(client, comm_id: str, value, subshell: str):

@@ -223,11 +223,8 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
     (`estimates` keeps them for a room's summary). What is not measured directly says
     what it is (`measured_label`, `measured_noun`: lesson 05's figure is a simulation run on
     measured step times). `then`: a sentence after the why (`efficiency_sentence`)."""
-    def shown(value):
-        return shown_value(value, unit)
-
-    rows = [(YOURS[0], shown(estimate)), (formula_label, shown(formula)),
-            (measured_label or f"measured on {machine_name(device_name)}", shown(measured))]
+    rows = [(YOURS[0], shown_value(estimate, unit)), (formula_label, shown_value(formula, unit)),
+            (measured_label or f"measured on {machine_name(device_name)}", shown_value(measured, unit))]
     if unit is None:
         verdict = "matches" if estimate == measured else "differs from"
         agree = "agrees" if formula == measured else f"says {formula}"
