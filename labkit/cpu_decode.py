@@ -356,11 +356,14 @@ def quantize_int8(x):
     """x [..., dh] fp32 -> (codes [..., dh] int8, scales [...] fp32): one scale per row, the
     formulas of `kernels.kv_quant.quantize_kv_reference` in numpy, bit for bit (a true division
     for the inverse and for the scale, separate multiply and add before the floor; tested). Why:
-    that reference's ~10 torch calls took ~180 us per layer at B = 16, these numpy calls ~20 us."""
+    that reference's ~10 torch calls took ~180 us per layer at B = 16, these numpy calls ~20 us.
+    A row holding a NaN: a NaN scale (max propagates it) and zero codes (its inverse is 0; the
+    NaN's own code, whose cast to int8 is undefined, is set to 0, what torch's cast gives here)."""
     absmax = np.abs(x).max(axis=-1)
     inv = np.divide(np.float32(INT8_MAX), absmax, out=np.zeros_like(absmax), where=absmax > 0)
-    codes = np.floor(x * inv[..., None] + np.float32(0.5))
-    return np.clip(codes, -INT8_MAX, INT8_MAX).astype(np.int8), absmax / np.float32(INT8_MAX)
+    codes = np.clip(np.floor(x * inv[..., None] + np.float32(0.5)), -INT8_MAX, INT8_MAX)
+    codes[np.isnan(codes)] = 0
+    return codes.astype(np.int8), absmax / np.float32(INT8_MAX)
 
 
 def store_converted(target, x, inverse_scale=None):

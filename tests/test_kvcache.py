@@ -64,6 +64,42 @@ def test_the_cpu_steps_numpy_int8_is_the_kernels_reference_bit_for_bit():
             assert (scales[:, :, 1:T + 1].view(np.uint32) == want_scale.numpy().view(np.uint32)).all()
 
 
+def test_a_nan_poisons_its_rows_int8_scale_in_the_cpu_steps_stores_as_in_the_reference():
+    """A row holding a NaN (first, middle or last of its values) is stored with a NaN scale and zero
+    codes by both CPU stores, as by the reference, so it reads back as NaN; numba's max() left the
+    NaN out and stored a finite scale, hiding an overflow upstream. The other rows are unchanged,
+    and numpy's path casts no NaN (its undefined cast warned)."""
+    import warnings
+
+    from kernels.kv_quant import quantize_kv_reference
+    from labkit import cpu_decode, cpu_kernels
+    torch.manual_seed(7)
+    x = fresh_rows(torch.float32)
+    poisoned = [(0, 2, 5, 0), (1, 0, 9, 13), (1, 1, 16, 31)]  # [b, h, t, j]
+    for b, h, t, j in poisoned:
+        x[b, h, t, j] = float("nan")
+    want, want_scale = quantize_kv_reference(x, "int8")
+    nan_rows = torch.isnan(want_scale).numpy()
+    assert nan_rows.sum() == len(poisoned)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, got_scale = cpu_decode.quantize_int8(x.numpy())
+    stored = [(got, got_scale)]
+    if cpu_kernels.AVAILABLE:
+        B, Hkv, T, dh = x.shape
+        codes, scales = np.zeros((B, Hkv, T, dh), np.int8), np.zeros((B, Hkv, T), np.float32)
+        for t in range(T):
+            cpu_kernels.store_int8(x[:, :, t].numpy(), codes, scales, t)
+        stored.append((codes, scales))
+    for codes, scales in stored:
+        assert (np.isnan(scales) == nan_rows).all()
+        assert not codes[nan_rows].any()
+        assert (codes[~nan_rows] == want.numpy()[~nan_rows]).all()
+        assert (scales[~nan_rows] == want_scale.numpy()[~nan_rows]).all()
+        read_back = codes.astype(np.float32) * scales[..., None]
+        assert np.isnan(read_back[nan_rows]).all() and not np.isnan(read_back[~nan_rows]).any()
+
+
 @pytest.mark.parametrize("cache_dtype", ["bf16", "fp16", "fp8"])
 def test_the_cpu_steps_converting_copy_stores_what_update_stores_bit_for_bit(cache_dtype):
     """`cpu_decode.store_converted` (the CPU decode step's bf16, fp16 and fp8 cache write at equal

@@ -30,17 +30,23 @@ if AVAILABLE:
         """x [B, Hkv, dh] fp32 quantised into codes[:, :, position] (codes [B, Hkv, T, dh] int8) and
         scales[:, :, position] (scales [B, Hkv, T] fp32), one scale per row: `cpu_decode.quantize_int8`
         (the kernels' reference in numpy) bit for bit, in one call where numpy made ~8 (~30 us a
-        call at B = 16)."""
+        call at B = 16). A row holding a NaN gets a NaN scale and zero codes, as the reference: numba's
+        max() leaves NaNs out, and such a row was stored with a finite scale, an overflow upstream
+        hidden in the cache instead of read back as NaN."""
         B, Hkv, dh = x.shape
         for b in range(B):
             for h in range(Hkv):
                 absmax = np.float32(0)
                 for j in range(dh):
-                    absmax = max(absmax, abs(x[b, h, j]))
-                inv = np.float32(127) / absmax if absmax > 0 else np.float32(0)
+                    magnitude = abs(x[b, h, j])
+                    absmax = magnitude if magnitude != magnitude else max(absmax, magnitude)
+                    if absmax != absmax:
+                        break
+                inv = np.float32(127) / absmax if absmax > 0 else np.float32(0)  # 0 for a NaN row too
                 for j in range(dh):
                     code = np.floor(x[b, h, j] * inv + np.float32(0.5))
-                    codes[b, h, position, j] = np.int8(min(max(code, np.float32(-127)), np.float32(127)))
+                    code = min(max(code, np.float32(-127)), np.float32(127)) if code == code else np.float32(0)
+                    codes[b, h, position, j] = np.int8(code)
                 scales[b, h, position] = absmax / np.float32(127)
 
     @intrinsic
