@@ -290,6 +290,39 @@ def test_in_a_real_kernel_an_interrupted_reveal_clicked_in_the_browser_says_so_a
         manager.shutdown_kernel(now=True)
 
 
+def test_in_a_real_kernel_an_estimate_and_its_commit_on_subshells_of_their_own_are_handled_in_order():
+    """JupyterLab's "one subshell per comm" gives the estimate's text box and the commit button a
+    thread each: a click could be committed before the estimate's last keystroke was set, and the
+    estimate before it committed instead. Here the text box's thread is still busy when its update
+    arrives (a 1.5 s cell on it), and the click is sent to the button's own subshell just after:
+    the click must wait behind the update, so 7 is committed, not the 2 typed before."""
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        ids = run(client, (
+            "import threading\nfrom labkit import views\n"
+            "revealed = []\n"
+            "def reveal(estimate):\n"
+            "    revealed.append(estimate)\n"
+            "    return {'question': 'q', 'rows': [], 'gap': ''}\n"
+            "ask = views.Predict('How long?', reveal, default=1.0, unit='ms')\nask.input.value = '2'\n"
+            "print(ask.input.model_id, ask.button.model_id)")).split()
+        typing, clicking = subshell_of(client), subshell_of(client)
+        send_update(client, ids[0], "2", typing)  # an earlier keystroke: the box's comm speaks from its subshell
+        time.sleep(0.3)
+        busy = client.session.msg("execute_request", {"code": "import time; time.sleep(1.5)", "silent": False,
+                                                      "store_history": False, "user_expressions": {}, "allow_stdin": False})
+        busy["header"]["subshell_id"] = typing
+        client.shell_channel.send(busy)
+        time.sleep(0.3)
+        send_update(client, ids[0], "7", typing)  # the last keystroke, queued behind the busy cell
+        send_click(client, ids[1], clicking)  # the click, sent just after it to its own subshell
+        time.sleep(3.0)
+        assert run(client, "print(revealed)") == "[7.0]"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def subshell_of(client) -> str:
     """A new subshell of the kernel (JEP 91's create_subshell_request, as JupyterLab sends)."""
     client.control_channel.send(client.session.msg("create_subshell_request", {}))
@@ -458,3 +491,25 @@ def test_cells_are_counted_by_ipythons_events():
     shell.events.handlers["post_run_cell"](None)
     shell.events.handlers["post_run_cell"](None)  # one more end than starts: never below zero
     assert count.running is False
+
+
+def test_a_click_follows_its_estimate_only_to_a_subshell_that_still_lives(monkeypatch):
+    """The commit's message goes where the estimate's last went, unless that subshell is gone
+    (JupyterLab deletes a comm's own subshell with the comm): then by its own header, never to a
+    thread ipykernel no longer has (it would answer "unknown subshell" and the click be lost)."""
+    from types import SimpleNamespace
+    from labkit.views import base
+    estimate, click = (SimpleNamespace(comm=SimpleNamespace(_reply_subshell_for=None)) for _ in range(2))
+    base._routed_in_order(estimate, click)
+    route_estimate, route_click = estimate.comm._reply_subshell_for, click.comm._reply_subshell_for
+    assert route_click({}, "B") == "B"  # the estimate has sent nothing yet
+    assert route_estimate({}, "A") == "A"
+    alive = {"A"}
+    monkeypatch.setattr(base, "_subshell_lives", lambda subshell: subshell in alive)
+    assert route_click({}, "B") == "A" and route_click({}, None) == "A"
+    alive.clear()
+    assert route_click({}, "B") == "B"
+    assert route_estimate({}, None) is None and route_click({}, "B") == "B"  # the estimate on the main thread: by its header
+    monkeypatch.undo()
+    route_estimate({}, "A")
+    assert route_click({}, "B") == "B"  # outside a kernel nobody can say "A" lives

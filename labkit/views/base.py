@@ -264,6 +264,40 @@ def _routed_by_header(widget):
         comm._reply_subshell_for = lambda _data, named: named
 
 
+def _routed_in_order(first, then):
+    """Route `first`'s messages by their header (`_routed_by_header`) and `then`'s to the subshell
+    `first`'s last message went to, while that subshell lives: a Predict's estimate and its commit
+    click are then handled in the order the browser sent them. With JupyterLab's default (a subshell
+    per comm target) both name one subshell anyway; with its "one subshell per comm" setting each
+    names its own thread, and a click could be committed before the estimate's last keystroke had
+    been set, the estimate before it committed instead. ipykernel routes every incoming message on one
+    thread, in arrival order, so the click queued behind the keystroke is handled after it."""
+    last = {"subshell": None}
+
+    def route_first(_data, named):
+        last["subshell"] = named
+        return named
+
+    def route_then(_data, named):
+        held = last["subshell"]
+        return held if held is not None and held != named and _subshell_lives(held) else named
+
+    for control, route in ((first, route_first), (then, route_then)):
+        comm = getattr(control, "comm", None)
+        if comm is not None and hasattr(comm, "_reply_subshell_for"):
+            comm._reply_subshell_for = route
+
+
+def _subshell_lives(subshell_id: str) -> bool:
+    """Whether this kernel still has the subshell (JupyterLab deletes a comm's own subshell with the
+    comm); False where that cannot be asked, so a message is never sent to a thread that is gone."""
+    try:
+        from ipykernel.kernelbase import Kernel
+        return Kernel.initialized() and subshell_id in Kernel.instance().shell_channel_thread.manager.list_subshell()
+    except Exception:  # noqa: BLE001 - no kernel, no subshells, another ipykernel: route by the header
+        return False
+
+
 QUEUED_S = 0.15  # a call handed to an idle main thread starts within ms; one not started by now waits
 
 
@@ -444,10 +478,8 @@ class Predict(LessonWidget):
                                     widgets.HBox([self.input, self.button]), self.answer, self.error.widget])
         self.widget.add_class("labkit-predict")
         self.button.on_click(self._clicked)
-        # The estimate's text and the click: both by their header, so to one subshell in order (with
-        # JupyterLab's default of a subshell per comm target; "one per comm" would race them).
-        for control in (self.input, self.button):
-            _routed_by_header(control)
+        # The estimate's text, then the click, handled in the order they were sent (`_routed_in_order`).
+        _routed_in_order(self.input, self.button)
         if self.auto:
             self.input.value = default if options else f"{default:g}"
             self.commit()
