@@ -292,7 +292,7 @@ def _subshell_lives(subshell_id: str) -> bool:
     """Whether this kernel still has the subshell (JupyterLab deletes a comm's own subshell with the
     comm); False where that cannot be asked, so a message is never sent to a thread that is gone."""
     try:
-        from ipykernel.kernelbase import Kernel
+        from ipykernel.kernelbase import Kernel  # only inside a kernel: Voilà and scripts have none to ask
         return Kernel.initialized() and subshell_id in Kernel.instance().shell_channel_thread.manager.list_subshell()
     except Exception:  # noqa: BLE001 - no kernel, no subshells, another ipykernel: route by the header
         return False
