@@ -223,9 +223,10 @@ def list_estimates(args) -> dict:
             except OSError as err:  # a home the caller may not enter
                 raise UsageError(f"--room: cannot read {name}: {err.strerror or err}") from None
             if not found and any(c in name for c in "*?["):  # the shell left the pattern as typed
+                # The command to paste, with this Python (sudo's `python` is root's, without the lab)
                 raise UsageError(f"--room: {name} matched no journal; learners' homes are often closed to "
-                                 "other users: let a root shell expand it, sudo sh -c 'python -m labkit "
-                                 "estimates --room /home/*/.local/share/labkit/estimates.jsonl'")
+                                 f"other users: let a root shell expand it, sudo sh -c '{sys.executable} -m labkit "
+                                 f"estimates --room {name}'")
             if not found:
                 raise UsageError(f"--room: no journal at {name} (a learner's ~/.local/share/labkit/estimates.jsonl)")
             journals.append(estimates.read(path))

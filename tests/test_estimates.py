@@ -296,7 +296,8 @@ def test_a_question_at_other_settings_and_an_answer_seen_first_are_apart(tmp_pat
     assert [(r["compared"], r["median_estimate"]) for r in rows] == [
         ("batch 16 ÷ batch 1 (1,024 tokens each)", 9.0), ("batch 16 ÷ batch 1 (256 tokens each)", 5.0)]
     assert cli.main(["estimates", "--room", str(tmp_path / "*" / "nobody.jsonl")]) == 2
-    assert "matched no journal" in capsys.readouterr().err
+    said = capsys.readouterr().err  # with the command to paste: this Python, the pattern as typed
+    assert "matched no journal" in said and f"sudo sh -c '{sys.executable} -m labkit estimates --room {tmp_path}/*/nobody.jsonl'" in said
 
 
 def test_a_day_is_shown_in_the_machines_time_zone(monkeypatch):
