@@ -415,10 +415,16 @@ def describe(spec: HardwareSpec, info: dict) -> str:
              f"  bandwidth roof: {'; '.join(tiers)} (caches as the OS reports them: {caches})",
              f"  matmul peak {peaks}",
              f"  ridge point ({compute_dtype}, at the {spec.memory_name}'s bandwidth) {ridge:,.1f} FLOP/byte; "
-             f"{info.get('cache_status', 'not cached')}"]
+             f"{_status_words(info.get('cache_status', 'not cached'))}"]
     if noisy:
         lines.append(f"  noisy (the machine was busy): {', '.join(noisy[:4])}{' …' if len(noisy) > 4 else ''}")
     return "\n".join(lines)
+
+
+def _status_words(status: str) -> str:
+    """The cache status as a learner reads it: "hit" (the JSON's word) says where it came from and how
+    to measure again."""
+    return "read from the cache (`python -m labkit calibrate --refresh` measures again)" if status == "hit" else status
 
 
 # ---------------------------------------------------------------- the cache file

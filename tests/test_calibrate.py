@@ -350,6 +350,8 @@ def test_describe_summarises_for_a_notebook():
     assert f"fp32 {measure.format_rate(spec.fp32_flops_per_s, 'FLOP/s')} ({info['matmul']['fp32']['path']})" in text
     noisy = calibrate.describe(spec, {**info, "noisy": ["bandwidth at 1.0 MiB"]})
     assert noisy.splitlines()[-1] == "  noisy (the machine was busy): bandwidth at 1.0 MiB"
+    cached = calibrate.describe(spec, {**info, "cache_status": "hit"}).splitlines()[3]  # printed "…; hit"
+    assert cached.endswith("FLOP/byte; read from the cache (`python -m labkit calibrate --refresh` measures again)")
     for threads, said in ((1, "(cpu, 1 thread)"), (2, "(cpu, 2 threads)")):  # a 1-core Binder pod says 1
         assert said in calibrate.describe(spec, {**info, "threads": threads}).splitlines()[0]
 
