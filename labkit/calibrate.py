@@ -415,16 +415,20 @@ def describe(spec: HardwareSpec, info: dict) -> str:
              f"  bandwidth roof: {'; '.join(tiers)} (caches as the OS reports them: {caches})",
              f"  matmul peak {peaks}",
              f"  ridge point ({compute_dtype}, at the {spec.memory_name}'s bandwidth) {ridge:,.1f} FLOP/byte; "
-             f"{_status_words(info.get('cache_status', 'not cached'))}"]
+             f"{_status_words(info)}"]
     if noisy:
         lines.append(f"  noisy (the machine was busy): {', '.join(noisy[:4])}{' …' if len(noisy) > 4 else ''}")
     return "\n".join(lines)
 
 
-def _status_words(status: str) -> str:
+def _status_words(info: dict) -> str:
     """The cache status as a learner reads it: "hit" (the JSON's word) says where it came from and how
-    to measure again."""
-    return "read from the cache (`python -m labkit calibrate --refresh` measures again)" if status == "hit" else status
+    to measure again, for this device (a lesson run on the CPU of a GPU machine: the CPU's)."""
+    status = info.get("cache_status", "not cached")
+    if status != "hit":
+        return status
+    device = f" --device {info['device']}" if info.get("device") in ("cpu", "cuda") else ""
+    return f"read from the cache (`python -m labkit calibrate --refresh{device}` measures again)"
 
 
 # ---------------------------------------------------------------- the cache file

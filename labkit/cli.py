@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -211,6 +212,14 @@ def run_calibrate(args) -> dict:
             "provenance": info}
 
 
+def _as_root(args) -> str:
+    """This --room command for a root shell to expand, to paste: with this Python (sudo's `python`
+    is root's, without the lab), -B (root writes no __pycache__ into the lab), the patterns as typed
+    (unquoted: root's shell expands them) and --json if asked."""
+    command = f"{shlex.quote(sys.executable)} -B -m labkit estimates --room {' '.join(args.room)}"
+    return f"sudo sh -c '{command}{' --json' if args.json else ''}'"
+
+
 def list_estimates(args) -> dict:
     """The learner's kept "Predict first" answers (`labkit.estimates`), oldest first; with --room,
     a workshop room's first answers question by question, from each learner's journal."""
@@ -223,10 +232,8 @@ def list_estimates(args) -> dict:
             except OSError as err:  # a home the caller may not enter
                 raise UsageError(f"--room: cannot read {name}: {err.strerror or err}") from None
             if not found and any(c in name for c in "*?["):  # the shell left the pattern as typed
-                # The command to paste, with this Python (sudo's `python` is root's, without the lab)
                 raise UsageError(f"--room: {name} matched no journal; learners' homes are often closed to "
-                                 f"other users: let a root shell expand it, sudo sh -c '{sys.executable} -m labkit "
-                                 f"estimates --room {name}'")
+                                 f"other users: let a root shell expand it, {_as_root(args)}")
             if not found:
                 raise UsageError(f"--room: no journal at {name} (a learner's ~/.local/share/labkit/estimates.jsonl)")
             journals.append(estimates.read(path))

@@ -358,10 +358,13 @@ def quantize_int8(x):
     for the inverse and for the scale, separate multiply and add before the floor; tested). Why:
     that reference's ~10 torch calls took ~180 us per layer at B = 16, these numpy calls ~20 us.
     A row holding a NaN: a NaN scale (max propagates it) and zero codes (its inverse is 0; the
-    NaN's own code, whose cast to int8 is undefined, is set to 0, what torch's cast gives here)."""
+    NaN's own code, whose cast to int8 is undefined, is set to 0, what torch's cast gives here).
+    An inf row (inf scale) or a subnormal one (an inverse past fp32) as the reference, without
+    numpy's warnings, which a learner would see under the cell as if something had failed."""
     absmax = np.abs(x).max(axis=-1)
-    inv = np.divide(np.float32(INT8_MAX), absmax, out=np.zeros_like(absmax), where=absmax > 0)
-    codes = np.clip(np.floor(x * inv[..., None] + np.float32(0.5)), -INT8_MAX, INT8_MAX)
+    with np.errstate(invalid="ignore", over="ignore"):
+        inv = np.divide(np.float32(INT8_MAX), absmax, out=np.zeros_like(absmax), where=absmax > 0)
+        codes = np.clip(np.floor(x * inv[..., None] + np.float32(0.5)), -INT8_MAX, INT8_MAX)
     codes[np.isnan(codes)] = 0
     return codes.astype(np.int8), absmax / np.float32(INT8_MAX)
 

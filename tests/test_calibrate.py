@@ -351,7 +351,7 @@ def test_describe_summarises_for_a_notebook():
     noisy = calibrate.describe(spec, {**info, "noisy": ["bandwidth at 1.0 MiB"]})
     assert noisy.splitlines()[-1] == "  noisy (the machine was busy): bandwidth at 1.0 MiB"
     cached = calibrate.describe(spec, {**info, "cache_status": "hit"}).splitlines()[3]  # printed "…; hit"
-    assert cached.endswith("FLOP/byte; read from the cache (`python -m labkit calibrate --refresh` measures again)")
+    assert cached.endswith("FLOP/byte; read from the cache (`python -m labkit calibrate --refresh --device cpu` measures again)")
     for threads, said in ((1, "(cpu, 1 thread)"), (2, "(cpu, 2 threads)")):  # a 1-core Binder pod says 1
         assert said in calibrate.describe(spec, {**info, "threads": threads}).splitlines()[0]
 

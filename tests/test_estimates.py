@@ -297,7 +297,11 @@ def test_a_question_at_other_settings_and_an_answer_seen_first_are_apart(tmp_pat
         ("batch 16 ÷ batch 1 (1,024 tokens each)", 9.0), ("batch 16 ÷ batch 1 (256 tokens each)", 5.0)]
     assert cli.main(["estimates", "--room", str(tmp_path / "*" / "nobody.jsonl")]) == 2
     said = capsys.readouterr().err  # with the command to paste: this Python, the pattern as typed
-    assert "matched no journal" in said and f"sudo sh -c '{sys.executable} -m labkit estimates --room {tmp_path}/*/nobody.jsonl'" in said
+    assert "matched no journal" in said and said.rstrip().endswith(
+        f"sudo sh -c '{sys.executable} -B -m labkit estimates --room {tmp_path}/*/nobody.jsonl'")
+    assert cli.main(["estimates", "--room", str(tmp_path / "ada" / "estimates.jsonl"), str(tmp_path / "b*" / "e.jsonl"), "--json"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith(  # every pattern, and --json
+        f"sudo sh -c '{sys.executable} -B -m labkit estimates --room {path} {tmp_path}/b*/e.jsonl --json'")
 
 
 def test_a_day_is_shown_in_the_machines_time_zone(monkeypatch):

@@ -67,8 +67,9 @@ def test_the_cpu_steps_numpy_int8_is_the_kernels_reference_bit_for_bit():
 def test_a_nan_poisons_its_rows_int8_scale_in_the_cpu_steps_stores_as_in_the_reference():
     """A row holding a NaN (first, middle or last of its values) is stored with a NaN scale and zero
     codes by both CPU stores, as by the reference, so it reads back as NaN; numba's max() left the
-    NaN out and stored a finite scale, hiding an overflow upstream. The other rows are unchanged,
-    and numpy's path casts no NaN (its undefined cast warned)."""
+    NaN out and stored a finite scale, hiding an overflow upstream. The other rows, an inf row and a
+    subnormal one among them, are stored as the reference stores them, and numpy's path warns of
+    nothing (its undefined cast of the NaN, the inf row's inf * 0 and the subnormal's inverse did)."""
     import warnings
 
     from kernels.kv_quant import quantize_kv_reference
@@ -78,6 +79,8 @@ def test_a_nan_poisons_its_rows_int8_scale_in_the_cpu_steps_stores_as_in_the_ref
     poisoned = [(0, 2, 5, 0), (1, 0, 9, 13), (1, 1, 16, 31)]  # [b, h, t, j]
     for b, h, t, j in poisoned:
         x[b, h, t, j] = float("nan")
+    x[0, 1, 3, 4] = float("-inf")  # an overflow upstream: an inf scale, and NaN read back
+    x[1, 2, 7] = torch.randn(x.shape[-1]) * 1e-39  # subnormal: its inverse 127 / absmax is past fp32
     want, want_scale = quantize_kv_reference(x, "int8")
     nan_rows = torch.isnan(want_scale).numpy()
     assert nan_rows.sum() == len(poisoned)
@@ -96,8 +99,10 @@ def test_a_nan_poisons_its_rows_int8_scale_in_the_cpu_steps_stores_as_in_the_ref
         assert not codes[nan_rows].any()
         assert (codes[~nan_rows] == want.numpy()[~nan_rows]).all()
         assert (scales[~nan_rows] == want_scale.numpy()[~nan_rows]).all()
-        read_back = codes.astype(np.float32) * scales[..., None]
-        assert np.isnan(read_back[nan_rows]).all() and not np.isnan(read_back[~nan_rows]).any()
+        with np.errstate(invalid="ignore"):  # 0 * inf: the inf row reads back as NaN too
+            read_back = codes.astype(np.float32) * scales[..., None]
+        lost = nan_rows | np.isinf(want_scale.numpy())
+        assert np.isinf(scales[0, 1, 3]) and np.isnan(read_back[lost]).all() and not np.isnan(read_back[~lost]).any()
 
 
 @pytest.mark.parametrize("cache_dtype", ["bf16", "fp16", "fp8"])

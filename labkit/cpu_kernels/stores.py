@@ -32,16 +32,18 @@ if AVAILABLE:
         (the kernels' reference in numpy) bit for bit, in one call where numpy made ~8 (~30 us a
         call at B = 16). A row holding a NaN gets a NaN scale and zero codes, as the reference: numba's
         max() leaves NaNs out, and such a row was stored with a finite scale, an overflow upstream
-        hidden in the cache instead of read back as NaN."""
+        hidden in the cache instead of read back as NaN. (Its NaN tests need this compiled without
+        fastmath, which would drop them: so is every caller of it.)"""
         B, Hkv, dh = x.shape
         for b in range(B):
             for h in range(Hkv):
                 absmax = np.float32(0)
                 for j in range(dh):
                     magnitude = abs(x[b, h, j])
-                    absmax = magnitude if magnitude != magnitude else max(absmax, magnitude)
-                    if absmax != absmax:
+                    if magnitude != magnitude:
+                        absmax = magnitude
                         break
+                    absmax = max(absmax, magnitude)
                 inv = np.float32(127) / absmax if absmax > 0 else np.float32(0)  # 0 for a NaN row too
                 for j in range(dh):
                     code = np.floor(x[b, h, j] * inv + np.float32(0.5))

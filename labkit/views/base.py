@@ -265,22 +265,28 @@ def _routed_by_header(widget):
 
 
 def _routed_in_order(first, then):
-    """Route `first`'s messages by their header (`_routed_by_header`) and `then`'s to the subshell
-    `first`'s last message went to, while that subshell lives: a Predict's estimate and its commit
-    click are then handled in the order the browser sent them. With JupyterLab's default (a subshell
-    per comm target) both name one subshell anyway; with its "one subshell per comm" setting each
-    names its own thread, and a click could be committed before the estimate's last keystroke had
-    been set, the estimate before it committed instead. ipykernel routes every incoming message on one
-    thread, in arrival order, so the click queued behind the keystroke is handled after it."""
-    last = {"subshell": None}
+    """Route `first`'s messages by their header (`_routed_by_header`) and `then`'s to the thread
+    `first`'s last message went to, while it lives: a Predict's estimate and its commit click are
+    then handled in the order the kernel received them. With JupyterLab's default (a subshell per
+    comm target) both name one subshell anyway; with its "one subshell per comm" setting each names
+    its own thread, and a click could be committed before the estimate's last update had been set,
+    the estimate before it committed instead. ipykernel routes every incoming message on one thread,
+    in arrival order, so the click queued behind the update is handled after it. An estimate whose
+    last update went to the main thread (sent before JupyterLab had made its comm's subshell) takes
+    the click there too: after a running cell, but in order. (That the browser sends the update
+    before the click is the Predict's `Text`'s part: it sends its value when it loses focus.)"""
+    unsent = object()
+    last = {"thread": unsent}
 
     def route_first(_data, named):
-        last["subshell"] = named
+        last["thread"] = named
         return named
 
     def route_then(_data, named):
-        held = last["subshell"]
-        return held if held is not None and held != named and _subshell_lives(held) else named
+        held = last["thread"]
+        if held is unsent or held == named:
+            return named
+        return held if held is None or _subshell_lives(held) else named
 
     for control, route in ((first, route_first), (then, route_then)):
         comm = getattr(control, "comm", None)
@@ -292,7 +298,8 @@ def _subshell_lives(subshell_id: str) -> bool:
     """Whether this kernel still has the subshell (JupyterLab deletes a comm's own subshell with the
     comm); False where that cannot be asked, so a message is never sent to a thread that is gone."""
     try:
-        from ipykernel.kernelbase import Kernel  # only inside a kernel: Voilà and scripts have none to ask
+        # imported here: a script has no kernel to ask (Voilà has one, and sends no subshells)
+        from ipykernel.kernelbase import Kernel
         return Kernel.initialized() and subshell_id in Kernel.instance().shell_channel_thread.manager.list_subshell()
     except Exception:  # noqa: BLE001 - no kernel, no subshells, another ipykernel: route by the header
         return False
@@ -459,7 +466,11 @@ class Predict(LessonWidget):
         if options:
             self.input = widgets.RadioButtons(options=list(options), value=None, layout=widgets.Layout(width="auto"))
         else:
-            self.input = widgets.Text(placeholder=f"your estimate ({unit})", layout=widgets.Layout(width="220px"))
+            # Its value is sent once, when it loses focus (pressing the commit button takes the focus
+            # first), not a message a keystroke: ipywidgets holds a keystroke's update while the one
+            # before is unanswered, and the click, never held, could reach the kernel before it.
+            self.input = widgets.Text(placeholder=f"your estimate ({unit})", layout=widgets.Layout(width="220px"),
+                                      continuous_update=False)
         self.unit, self.default = unit, default
         self.button = widgets.Button(description="Commit, then measure", button_style="primary",
                                      layout=widgets.Layout(width="auto"))
