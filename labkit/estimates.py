@@ -150,6 +150,12 @@ def yours_and_measured(line: dict) -> tuple[str, str, str]:
     return str(rows[0][1]), str(rows[-1][1]), how if how in ("measured", "simulated") else "the lab's answer"
 
 
+def measured_busy(line: dict) -> bool:
+    """Whether the lab's answer of this line was measured while other programs kept the cores busy
+    (the reveal said so, and kept the share: `explore.reveal`'s busy_share)."""
+    return (line.get("values") or {}).get("busy_share") is not None
+
+
 def earlier_sentence(entries: list[dict], shown_at_most: int = 3) -> str:
     """'Your earlier answers here: 16× on 2026-12-05 (measured then: 2.96×); …' — the newest
     `shown_at_most`, oldest first; '' for none."""
@@ -159,7 +165,7 @@ def earlier_sentence(entries: list[dict], shown_at_most: int = 3) -> str:
     parts = []
     for line in newest:
         yours, answer, how = yours_and_measured(line)
-        parts.append(f"{yours} on {local_date(line)} ({how} then: {answer})")
+        parts.append(f"{yours} on {local_date(line)} ({how} then{', on a busy machine' if measured_busy(line) else ''}: {answer})")
     more = len(entries) - len(newest)
     head = "Your earlier answers here" + (f" (the newest {len(newest)} of {len(entries)})" if more else "")
     return f"{head}: {'; '.join(parts)}."
@@ -179,7 +185,8 @@ def kept_rows(entries: list[dict]) -> list[dict]:
                  and isinstance(measured, float) and measured else None)
         rows.append({"day": local_date(line), "compared": str(line.get("compared") or line["question_id"]),
                      "yours": yours, "formula": str(line["rows"][1][1]) if len(line["rows"]) > 2 else None,
-                     "lab_answer": answer, "how": how, "yours_over_lab": ratio})
+                     "lab_answer": answer, "how": f"{how} (busy)" if measured_busy(line) else how,
+                     "yours_over_lab": ratio})
     return rows
 
 
@@ -218,7 +225,11 @@ def room(journals: list[list[dict]]) -> list[dict]:
     estimate and the median of the lab's answers (each on its learner's machine), and how many
     estimates were close to their own lab answer (within `CLOSE_WITHIN`, as the reveal says "close");
     for a pick: how many picked each option, and how many picked the lab's answer. Lines kept before
-    the reveal's unrounded values were (none but the shown text) count as answered, not as close."""
+    the reveal's unrounded values were (none but the shown text) count as answered, not as close.
+    A lab answer measured on a busy machine (`measured_busy`: more learners than cores, a browser
+    drawing) is left out of the median lab answer and of "close", and counted ("busy"): one such
+    batch-16 step timed faster than its batch-1 step put a room's median at 2.16× between a true
+    3.81× and its own 0.517× (three learners on a 2-core hub, 2026-12-06)."""
     firsts: dict[tuple, list[dict]] = {}
     for entries in journals:
         seen = set()
@@ -229,9 +240,9 @@ def room(journals: list[list[dict]]) -> list[dict]:
                 firsts.setdefault(key, []).append(line)
     rows = []
     for (question_id, compared), lines in firsts.items():
-        values = [line.get("values") or {} for line in lines]
+        values = [line.get("values") or {} for line in lines if not measured_busy(line)]
         row = {"question": question_id, "compared": compared,
-               "unit": lines[-1].get("unit"), "learners": len(lines)}
+               "unit": lines[-1].get("unit"), "learners": len(lines), "busy": sum(map(measured_busy, lines))}
         if row["unit"] is None:  # a pick
             picks = [str(line.get("estimate")) for line in lines]
             row["picks"] = {pick: picks.count(pick) for pick in dict.fromkeys(picks)}
@@ -257,7 +268,9 @@ def room_lines(summary: list[dict]) -> list[str]:
             lines.append(f"{head}; picks: {picks}; the lab's answer picked by {row['matched']:,}")
         else:
             median = lambda value: "—" if value is None else shown_value(value, row["unit"])
+            busy = row.get("busy", 0)
             lines.append(f"{head}; median estimate {median(row['median_estimate'])}, median lab answer "
                          f"{median(row['median_lab_answer'])}; close (within {CLOSE_WITHIN:.0%}): "
-                         f"{row['close']:,} of {row['learners']:,}")
+                         f"{row['close']:,} of {row['learners'] - busy:,}"
+                         + (f" ({busy:,} measured on a busy machine, left out of both)" if busy else ""))
     return lines

@@ -29,12 +29,18 @@ def _lab(device: str | None):
     return get_model(settings["model"]), kind, settings["dtype"], settings["cache_dtype"], roof
 
 
-def _busy(*points: dict) -> str:
-    """'; other programs ... kept N% of the cores busy while it was timed' where any measured point
-    was disturbed (the largest share among them), else '': a reveal's measured ratio is then
-    partly the other programs' (`timing.Timing.disturbed`)."""
+def _busy_share(*points: dict) -> float | None:
+    """The largest share of the cores other programs kept busy while one of `points` was timed,
+    among those it disturbed (`timing.Timing.disturbed`); None where none was: a reveal's measured
+    ratio is then partly the other programs'."""
     shares = [p["others_busy_share"] for p in points if p.get("disturbed")]
-    return f"; {busy_phrase(max(shares))}" if shares else ""
+    return max(shares) if shares else None
+
+
+def _busy(*points: dict) -> str:
+    """'; other programs ... kept N% of the cores busy while it was timed' (`_busy_share`), else ''."""
+    share = _busy_share(*points)
+    return "" if share is None else f"; {busy_phrase(share)}"
 
 
 def _closeness(formula: float, top: dict, bottom: dict, top_name: str, bottom_name: str) -> str:
@@ -57,7 +63,8 @@ def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = N
     return explore.reveal(f"decode step at batch {batch} ÷ batch 1 ({context:,} tokens each)", "×", estimate,
                           formula, many["time_s"] / one["time_s"], one["device_name"],
                           "one read of the weights serves the whole batch; only the cache and the arithmetic grow"
-                          + _busy(many, one), then=_closeness(formula, many, one, f"batch-{batch} one", "batch-1 step"))
+                          + _busy(many, one), then=_closeness(formula, many, one, f"batch-{batch} one", "batch-1 step"),
+                          busy_share=_busy_share(many, one))
 
 
 def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, device: str | None = None,
@@ -73,7 +80,8 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
     return explore.reveal(f"prefill of {high:,} tokens ÷ {low:,} tokens ({high / low:.0f}× the tokens)", "×",
                           estimate, formula, long["time_s"] / short["time_s"], short["device_name"],
                           "the attention term grows with the square of the prompt" + _busy(long, short),
-                          then=_closeness(formula, long, short, f"{high:,}-token one", f"{low:,}-token prefill"))
+                          then=_closeness(formula, long, short, f"{high:,}-token one", f"{low:,}-token prefill"),
+                          busy_share=_busy_share(long, short))
 
 
 def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int, head_dim: int,
@@ -119,7 +127,8 @@ def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=No
                           "every step reads the whole cache: its share of the read grows with the context"
                           + _busy(empty, full),
                           then=_closeness(formula, full, empty, f"one at {full['context_tokens']:,} tokens",
-                                          f"step at {shortest}" if empty["context_tokens"] else "step with no context"))
+                                          f"step at {shortest}" if empty["context_tokens"] else "step with no context"),
+                          busy_share=_busy_share(empty, full))
 
 
 def reveal_static_utilisation(estimate: float, requests, max_batch: int, step_time_s, label: str) -> dict:
@@ -145,7 +154,8 @@ def reveal_stall(estimate: float, run, device: str | None = None) -> dict:
     return explore.reveal(f"worst gap between stream tokens while {timeline.prompt_tokens:,} prompt tokens are "
                           "prefilled in one pass", "ms", estimate, 1e3 * predicted,
                           1e3 * summary["itl_max_s"], timeline.device_name,
-                          "every stream waits for the whole prefill before its next token" + _busy(summary))
+                          "every stream waits for the whole prefill before its next token" + _busy(summary),
+                          busy_share=_busy_share(summary))
 
 
 def reveal_decode_heaviest(estimate: str, serve, titles: list[str], gpu: str = "H100-SXM") -> dict:

@@ -262,9 +262,9 @@ def test_a_rooms_summary_counts_each_learners_first_answer(tmp_path, monkeypatch
     bo = journal("bo", [("decode_batch", 7.0, "×", ratio(7.0, 6.0)), ("decode_heaviest", "RAG", None, pick("RAG"))])
     summary = estimates.room([estimates.read(ada)[0], estimates.read(bo)[0]])
     assert summary == [
-        {"question": "decode_batch", "compared": "batch 16 ÷ batch 1", "unit": "×", "learners": 2,
+        {"question": "decode_batch", "compared": "batch 16 ÷ batch 1", "unit": "×", "learners": 2, "busy": 0,
          "median_estimate": 11.5, "median_lab_answer": 6.2, "close": 1},
-        {"question": "decode_heaviest", "compared": "heaviest decode share", "unit": None, "learners": 2,
+        {"question": "decode_heaviest", "compared": "heaviest decode share", "unit": None, "learners": 2, "busy": 0,
          "picks": {"Chat": 1, "RAG": 1}, "matched": 1}]
     assert estimates.room_lines(summary) == [
         "batch 16 ÷ batch 1 (decode_batch): 2 answered; median estimate 11.5×, median lab answer 6.2×; "
@@ -315,3 +315,26 @@ def test_a_day_is_shown_in_the_machines_time_zone(monkeypatch):
         monkeypatch.delenv("TZ")
         time.tzset()
     assert estimates.local_date({"recorded_utc": "yesterday-ish"}) == "yesterday-"
+
+
+def test_a_lab_answer_measured_on_a_busy_machine_is_marked_and_left_out_of_the_rooms_figures(tmp_path):
+    """Three learners on a 2-core hub: one's batch-16 step was timed faster than its batch-1 step
+    (0.517×) while the others' lessons kept the cores busy, and the room's median lab answer came
+    out 2.16× between a true 3.81× and it. The reveal keeps the busy share; the room leaves that
+    answer out of the median and of "close" and says how many it left out; the learner's own list
+    and earlier answers mark it."""
+    ratio = lambda e, m, busy=None: explore.reveal("batch 16 ÷ batch 1", "×", e, 2.3, m, "a CPU", "why", busy_share=busy)
+    assert "busy_share" not in ratio(3.0, 3.81)["values"] and ratio(3.0, 0.517, 0.61)["values"]["busy_share"] == 0.61
+    journals = []
+    for name, estimate, measured, busy in (("ann", 3.0, 3.81, None), ("bob", 0.6, 0.517, 0.61), ("cat", 4.0, 3.5, None)):
+        path = tmp_path / name / "estimates.jsonl"
+        estimates.record(estimates.entry("decode_batch", "q?", estimate, "×", ratio(estimate, measured, busy)), path)
+        journals.append(estimates.read(path)[0])
+    [row] = estimates.room(journals)
+    assert (row["learners"], row["busy"], row["median_estimate"], row["close"]) == (3, 1, 3.0, 2)
+    assert row["median_lab_answer"] == pytest.approx((3.81 + 3.5) / 2)  # not 3.5 with bob's 0.517 among them
+    assert estimates.room_lines([row]) == [
+        "batch 16 ÷ batch 1 (decode_batch): 3 answered; median estimate 3×, median lab answer 3.66×; close (within 25%): "
+        "2 of 2 (1 measured on a busy machine, left out of both)"]
+    assert estimates.kept_rows(journals[1])[0]["how"] == "measured (busy)" and estimates.kept_rows(journals[0])[0]["how"] == "measured"
+    assert estimates.earlier_sentence(journals[1]).endswith("(measured then, on a busy machine: 0.517×).")

@@ -187,11 +187,12 @@ def test_a_reveal_says_when_the_machine_was_busy_while_its_points_were_timed():
     quiet = {512: _point(0.01, 0.01), 4096: _point(0.12, 0.02)}
     loaded = {512: _point(0.02, 0.4), 4096: _point(0.15, 0.1)}
     for points, said in ((quiet, False), (loaded, True)):
-        gap = predict.reveal_prefill_growth(8.0, device="cpu", measure=lambda prompt_tokens: points[prompt_tokens])["gap"]
-        assert gap.endswith("square of the prompt" + (f"; {busy}." if said else "."))
+        shown = predict.reveal_prefill_growth(8.0, device="cpu", measure=lambda prompt_tokens: points[prompt_tokens])
+        assert shown["gap"].endswith("square of the prompt" + (f"; {busy}." if said else "."))
+        assert shown["values"].get("busy_share") == (0.4 if said else None)  # kept: a room leaves it out
     steps = {1: _point(0.001), 16: _point(0.003, 0.4)}
-    gap = predict.reveal_decode_batch(16.0, device="cpu", measure=lambda batch: steps[batch])["gap"]
-    assert gap.endswith(f"; {busy}.")
+    shown = predict.reveal_decode_batch(16.0, device="cpu", measure=lambda batch: steps[batch])
+    assert shown["gap"].endswith(f"; {busy}.") and shown["values"]["busy_share"] == 0.4
 
 
 def test_a_reveal_says_how_close_each_point_came_to_its_roof_when_that_differs():

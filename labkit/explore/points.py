@@ -216,13 +216,16 @@ CLOSE_WITHIN = 0.25  # an estimate within a quarter of the measurement is said t
 
 def reveal(question: str, unit: str | None, estimate, formula, measured, device_name: str, why: str,
            formula_label: str = "the formula, on this machine's calibrated roofline",
-           measured_label: str | None = None, measured_noun: str = "measurement", then: str = "") -> dict:
+           measured_label: str | None = None, measured_noun: str = "measurement", then: str = "",
+           busy_share: float | None = None) -> dict:
     """A committed estimate beside the formula's answer and the measurement, with one line on the
     gap (`views.Predict` shows it). `unit` None: a choice, compared for equality; else numbers,
     compared as ratios (within `CLOSE_WITHIN` counts as close); "values" keeps the three unrounded
     (`estimates` keeps them for a room's summary). What is not measured directly says
     what it is (`measured_label`, `measured_noun`: lesson 05's figure is a simulation run on
-    measured step times). `then`: a sentence after the why (`efficiency_sentence`)."""
+    measured step times). `then`: a sentence after the why (`efficiency_sentence`). `busy_share`:
+    the share of the cores other programs kept busy while a measured point was timed, where one was
+    disturbed; kept in "values", so a room's summary leaves that measurement out of its figures."""
     rows = [(YOURS[0], shown_value(estimate, unit)), (formula_label, shown_value(formula, unit)),
             (measured_label or f"measured on {machine_name(device_name)}", shown_value(measured, unit))]
     if unit is None:
@@ -233,7 +236,8 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
         gap = (f"{YOURS[2]} {_relative(estimate, measured)} the {measured_noun}; the formula "
                f"{_relative(formula, measured)} it. Why: {why}.")
     return {"question": question, "rows": rows, "gap": gap + (f" {then}" if then else ""),
-            "values": {"estimate": estimate, "formula": formula, "measured": measured}}
+            "values": {"estimate": estimate, "formula": formula, "measured": measured,
+                       **({"busy_share": busy_share} if busy_share is not None else {})}}
 
 
 def as_sample(shown: dict) -> dict:
