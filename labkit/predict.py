@@ -106,7 +106,8 @@ def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int
            "products, writes the P × P scores, reads them for the softmax, writes the probabilities and reads them "
            "back: traffic the fused kernel never makes")
     return explore.reveal(f"plain attention's time ÷ the fused kernel's at P = {tokens:,} ({heads} heads)", "×",
-                          estimate, predicted, naive["time_s"] / flash["time_s"], naive["device_name"], why)
+                          estimate, predicted, naive["time_s"] / flash["time_s"], naive["device_name"],
+                          why + _busy(naive, flash), busy_share=_busy_share(naive, flash))
 
 
 def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=None) -> dict:

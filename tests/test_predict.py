@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("ipywidgets")
-from labkit import explore, predict, views  # noqa: E402
+from labkit import attention, explore, predict, views  # noqa: E402
 
 
 def fake_reveal(calls):
@@ -193,6 +193,12 @@ def test_a_reveal_says_when_the_machine_was_busy_while_its_points_were_timed():
     steps = {1: _point(0.001), 16: _point(0.003, 0.4)}
     shown = predict.reveal_decode_batch(16.0, device="cpu", measure=lambda batch: steps[batch])
     assert shown["gap"].endswith(f"; {busy}.") and shown["values"]["busy_share"] == 0.4
+    # lesson 03's attention calls too: they said nothing of a busy machine
+    calls = {"naive": _point(0.9, 0.4), "flash": _point(0.4, 0.01)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "time_point", lambda method, *a, **k: calls[method])
+        shown = predict.reveal_flash_speedup(3.0, tokens=1024, heads=2, kv_heads=1, head_dim=64, device="cpu")
+    assert shown["gap"].endswith(f"traffic the fused kernel never makes; {busy}.") and shown["values"]["busy_share"] == 0.4
 
 
 def test_a_reveal_says_how_close_each_point_came_to_its_roof_when_that_differs():
