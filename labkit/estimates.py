@@ -229,7 +229,7 @@ def room(journals: list[list[dict]]) -> list[dict]:
     A lab answer measured on a busy machine (`measured_busy`: more learners than cores, a browser
     drawing) is left out of the median lab answer and of "close", and counted ("busy"): one such
     batch-16 step timed faster than its batch-1 step put a room's median at 2.16× between a true
-    3.81× and its own 0.517× (three learners on a 2-core hub, 2026-12-06)."""
+    3.81× and its own 0.517× (two learners measuring at once on a 2-core hub, 2026-12-06)."""
     firsts: dict[tuple, list[dict]] = {}
     for entries in journals:
         seen = set()

@@ -318,7 +318,7 @@ def test_a_day_is_shown_in_the_machines_time_zone(monkeypatch):
 
 
 def test_a_lab_answer_measured_on_a_busy_machine_is_marked_and_left_out_of_the_rooms_figures(tmp_path):
-    """Three learners on a 2-core hub: one's batch-16 step was timed faster than its batch-1 step
+    """Learners on a 2-core hub, two measuring at once: one's batch-16 step was timed faster than its batch-1 step
     (0.517×) while the others' lessons kept the cores busy, and the room's median lab answer came
     out 2.16× between a true 3.81× and it. The reveal keeps the busy share; the room leaves that
     answer out of the median and of "close" and says how many it left out; the learner's own list
