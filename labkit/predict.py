@@ -14,7 +14,6 @@ from __future__ import annotations
 from . import attention, backend, batching, calibrate, explore, roofline, sizes, sweeps, workloads
 from .errors import LabError
 from .specs import get_gpu, get_model
-from .timing import busy_phrase
 
 # What a learner without a keyboard "guessed": the naive answers the lessons set out to correct.
 DEFAULTS = {"decode_batch": 16.0, "prefill_growth": 8.0, "flash_speedup": 1.0, "context_slowdown": 1.0,
@@ -37,12 +36,6 @@ def _busy_share(*points: dict) -> float | None:
     return max(shares) if shares else None
 
 
-def _busy(*points: dict) -> str:
-    """'; other programs ... kept N% of the cores busy while it was timed' (`_busy_share`), else ''."""
-    share = _busy_share(*points)
-    return "" if share is None else f"; {busy_phrase(share)}"
-
-
 def _closeness(formula: float, top: dict, bottom: dict, top_name: str, bottom_name: str) -> str:
     """`explore.efficiency_sentence` for a reveal's two measured points (top ÷ bottom)."""
     return explore.efficiency_sentence(formula, top.get("roof_fraction"), bottom.get("roof_fraction"),
@@ -62,8 +55,8 @@ def reveal_decode_batch(estimate: float, batch: int = 16, device: str | None = N
     formula = step(batch) / step(1)
     return explore.reveal(f"decode step at batch {batch} ÷ batch 1 ({context:,} tokens each)", "×", estimate,
                           formula, many["time_s"] / one["time_s"], one["device_name"],
-                          "one read of the weights serves the whole batch; only the cache and the arithmetic grow"
-                          + _busy(many, one), then=_closeness(formula, many, one, f"batch-{batch} one", "batch-1 step"),
+                          "one read of the weights serves the whole batch; only the cache and the arithmetic grow",
+                          then=_closeness(formula, many, one, f"batch-{batch} one", "batch-1 step"),
                           busy_share=_busy_share(many, one))
 
 
@@ -79,7 +72,7 @@ def reveal_prefill_growth(estimate: float, low: int = 512, high: int = 4096, dev
     formula = time(high) / time(low)
     return explore.reveal(f"prefill of {high:,} tokens ÷ {low:,} tokens ({high / low:.0f}× the tokens)", "×",
                           estimate, formula, long["time_s"] / short["time_s"], short["device_name"],
-                          "the attention term grows with the square of the prompt" + _busy(long, short),
+                          "the attention term grows with the square of the prompt",
                           then=_closeness(formula, long, short, f"{high:,}-token one", f"{low:,}-token prefill"),
                           busy_share=_busy_share(long, short))
 
@@ -107,7 +100,7 @@ def reveal_flash_speedup(estimate: float, tokens: int, heads: int, kv_heads: int
            "back: traffic the fused kernel never makes")
     return explore.reveal(f"plain attention's time ÷ the fused kernel's at P = {tokens:,} ({heads} heads)", "×",
                           estimate, predicted, naive["time_s"] / flash["time_s"], naive["device_name"],
-                          why + _busy(naive, flash), busy_share=_busy_share(naive, flash))
+                          why, busy_share=_busy_share(naive, flash))
 
 
 def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=None) -> dict:
@@ -125,8 +118,7 @@ def reveal_context_slowdown(estimate: float, device: str | None = None, sweep=No
     formula = step(full["context_tokens"]) / step(empty["context_tokens"])
     return explore.reveal(f"decode step at {full['context_tokens']:,} tokens of context ÷ at {shortest} (batch 1)",
                           "×", estimate, formula, full["time_s"] / empty["time_s"], empty["device_name"],
-                          "every step reads the whole cache: its share of the read grows with the context"
-                          + _busy(empty, full),
+                          "every step reads the whole cache: its share of the read grows with the context",
                           then=_closeness(formula, full, empty, f"one at {full['context_tokens']:,} tokens",
                                           f"step at {shortest}" if empty["context_tokens"] else "step with no context"),
                           busy_share=_busy_share(empty, full))
@@ -155,7 +147,7 @@ def reveal_stall(estimate: float, run, device: str | None = None) -> dict:
     return explore.reveal(f"worst gap between stream tokens while {timeline.prompt_tokens:,} prompt tokens are "
                           "prefilled in one pass", "ms", estimate, 1e3 * predicted,
                           1e3 * summary["itl_max_s"], timeline.device_name,
-                          "every stream waits for the whole prefill before its next token" + _busy(summary),
+                          "every stream waits for the whole prefill before its next token",
                           busy_share=_busy_share(summary))
 
 

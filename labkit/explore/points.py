@@ -225,7 +225,10 @@ def reveal(question: str, unit: str | None, estimate, formula, measured, device_
     what it is (`measured_label`, `measured_noun`: lesson 05's figure is a simulation run on
     measured step times). `then`: a sentence after the why (`efficiency_sentence`). `busy_share`:
     the share of the cores other programs kept busy while a measured point was timed, where one was
-    disturbed; kept in "values", so a room's summary leaves that measurement out of its figures."""
+    disturbed: said after the why, and kept in "values", so a room's summary leaves that measurement
+    out of its figures."""
+    if busy_share is not None:
+        why += f"; {busy_phrase(busy_share)}"
     rows = [(YOURS[0], shown_value(estimate, unit)), (formula_label, shown_value(formula, unit)),
             (measured_label or f"measured on {machine_name(device_name)}", shown_value(measured, unit))]
     if unit is None:
