@@ -45,6 +45,14 @@ from .timing import HOST_BOUND_FRACTION, OTHERS_BUSY_LIMIT
 # 1-2 ms ones from the same machine. 8 steps cost ~10 ms more on a CPU.
 BEFORE_STEPS = 8
 AFTER_STEPS = 3  # decode steps after its prefill is done
+# A timeline is timed again until its prefill is confirmed (the two fastest runs' chunks, summed,
+# within timing.CONFIRM_TOLERANCE of each other), at most MAX_RUNS times, and the run with the
+# fastest prefill is kept: the lab's "confirmed fastest" estimate (`timing`), for a whole timeline.
+# Timed once, lesson 06's comparison rested on one sample each: `make report` on the 2-core EPYC VM
+# (2026-12-06) timed its unchunked 4,096-token prefill at 634 ms, where three runs a minute later
+# took 444-460 ms, and the chunked one (491 ms) came out cheaper than the single pass, against the
+# sentence above the chart. The warm-up is not repeated: the runs after the first reuse its pages.
+MAX_RUNS = 4
 
 
 @dataclass
@@ -69,6 +77,8 @@ class Timeline:
     # the chunk size asked for: None for the unchunked run; lesson 06's slider reaches the whole
     # prompt, a run to tell apart from the unchunked one beside it (`explore.interference_series`)
     chunk_asked: int | None = None
+    runs: int = 1  # how many times the timeline was timed; this is the run with the fastest prefill
+    confirmed: bool = False  # whether another run's prefill came within timing.CONFIRM_TOLERANCE of it
 
     @property
     def chunked(self) -> bool:
@@ -89,36 +99,37 @@ class Timeline:
             "itl_undisturbed_s": float(np.median(gaps[:BEFORE_STEPS - 1])),
             "itl_p99_s": float(np.quantile(gaps, 0.99)), "itl_max_s": float(gaps.max()),
             "prefill_wall_s": self.chunk_spans_s[-1][1] - self.chunk_spans_s[0][0],
-            "prefill_compute_s": float(sum(end - start for start, end in self.chunk_spans_s)),
+            "prefill_compute_s": _prefill_s(self),
             # CUDA: chunks whose time was the host's launch rate (timing.HOST_BOUND_FRACTION); None on a CPU
             "chunks_host_bound": (sum(host >= HOST_BOUND_FRACTION * (end - start)
                                       for host, (start, end) in zip(self.chunk_host_s, self.chunk_spans_s))
                                   if self.device == "cuda" else None),
             "others_busy_share": self.others_busy_share,
+            "runs": self.runs, "confirmed": self.confirmed,
             "disturbed": self.others_busy_share is not None and self.others_busy_share > OTHERS_BUSY_LIMIT,
         }
 
 
 def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int = 1024,
                  prompt_tokens: int = 4096, chunk_tokens: int | None = None, device: str | None = None,
-                 warmup: bool | None = None) -> Timeline:
-    """Run the timeline once and return it. `chunk_tokens` None (or >= the prompt) = no chunking.
-    `warmup` (default: on CUDA) runs it once untimed first, so Triton's autotuning for each
-    chunk shape is not timed; on the CPU one decode step and one chunk of the timed size warm up
-    instead."""
+                 warmup: bool | None = None, max_runs: int = MAX_RUNS) -> Timeline:
+    """Time the timeline until its prefill is confirmed, at most `max_runs` times, and return the
+    run with the fastest prefill (`Timeline.runs`, `Timeline.confirmed` say how it went).
+    `chunk_tokens` None (or >= the prompt) = no chunking. `warmup` (default: on CUDA) runs it once
+    untimed first, so Triton's autotuning for each chunk shape is not timed; on the CPU one decode
+    step and one chunk of the timed size warm up instead."""
     _check(streams, context_tokens, prompt_tokens, chunk_tokens)
+    whole_number("max_runs", max_runs)
     built = sweeps.get_built_model(model, device)
     chunk = min(chunk_tokens or prompt_tokens, prompt_tokens)
     kind = built.device.type
     if warmup if warmup is not None else kind == "cuda":
-        run_timeline(model, streams, context_tokens, prompt_tokens, chunk_tokens, device, warmup=False)
+        run_timeline(model, streams, context_tokens, prompt_tokens, chunk_tokens, device, warmup=False, max_runs=1)
     steps = BEFORE_STEPS + math.ceil(prompt_tokens / chunk) + AFTER_STEPS + 1
     stream_cache, long_cache = _caches(built, streams, context_tokens, context_tokens + steps, prompt_tokens, chunk)
     g = torch.Generator().manual_seed(0)
     stream_tokens = torch.randint(0, built.spec.vocab_size, (streams,), generator=g).to(built.device)
     prompt = torch.randint(0, built.spec.vocab_size, (prompt_tokens,), generator=g).to(built.device)
-    line = Timeline(prompt_tokens, chunk, streams, context_tokens, built.spec.name, kind, backend.device_name(kind),
-                    chunk_asked=chunk_tokens)
     built.decode_step(stream_tokens, stream_cache)  # warm-up, untimed
     # A whole chunk, the timed size, warms up (overwritten below): a CPU prefill's first pass at a
     # size faults in its megabytes of fresh pages, which later passes reuse (`cpu_memory`), as a
@@ -126,29 +137,51 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
     # 4,096-token prompt unchunked, one process each): warmed by 256 tokens the stall took
     # 457-533 ms, by the whole prompt 391-399.
     built.prefill_slot(0, prompt[:chunk], long_cache, start=0)
-    if kind == "cpu":  # not while the browser still draws the cell before (the lesson's charts)
-        timing.wait_for_quiet(timing.quiet_wait_s())
-        load = cpu_info.load_snapshot()
-    clock = _Clock(kind)
+    after_warmup = context_tokens + 1
 
-    def decode():
-        built.decode_step(stream_tokens, stream_cache)
-        line.decode_end_s.append(clock.now())
+    def timed() -> Timeline:
+        stream_cache.set_lengths(after_warmup)  # each run's steps read what the first run's read
+        line = Timeline(prompt_tokens, chunk, streams, context_tokens, built.spec.name, kind,
+                        backend.device_name(kind), chunk_asked=chunk_tokens)
+        if kind == "cpu":  # not while the browser still draws the cell before (the lesson's charts)
+            timing.wait_for_quiet(timing.quiet_wait_s())
+            load = cpu_info.load_snapshot()
+        clock = _Clock(kind)
 
-    for _ in range(BEFORE_STEPS):
-        decode()
-    for start in range(0, prompt_tokens, chunk):
-        began = clock.now()
-        built.prefill_slot(0, prompt[start:start + chunk], long_cache, start=start)
-        issued = clock.elapsed()  # before the GPU finishes (CUDA)
-        line.chunk_spans_s.append((began, clock.now()))
-        line.chunk_host_s.append(issued - began)
-        decode()
-    for _ in range(AFTER_STEPS):
-        decode()
-    if kind == "cpu":
-        line.others_busy_share = cpu_info.others_busy_share(load, timing.BUSY_WINDOW_S)
-    return line
+        def decode():
+            built.decode_step(stream_tokens, stream_cache)
+            line.decode_end_s.append(clock.now())
+
+        for _ in range(BEFORE_STEPS):
+            decode()
+        for start in range(0, prompt_tokens, chunk):
+            began = clock.now()
+            built.prefill_slot(0, prompt[start:start + chunk], long_cache, start=start)
+            issued = clock.elapsed()  # before the GPU finishes (CUDA)
+            line.chunk_spans_s.append((began, clock.now()))
+            line.chunk_host_s.append(issued - began)
+            decode()
+        for _ in range(AFTER_STEPS):
+            decode()
+        if kind == "cpu":
+            line.others_busy_share = cpu_info.others_busy_share(load, timing.BUSY_WINDOW_S)
+        return line
+
+    runs = []
+    while len(runs) < max_runs:
+        runs.append(timed())
+        prefills = sorted(_prefill_s(line) for line in runs)
+        confirmed = len(prefills) >= 2 and prefills[1] <= (1 + timing.CONFIRM_TOLERANCE) * prefills[0]
+        if confirmed:
+            break
+    best = min(runs, key=_prefill_s)
+    best.runs, best.confirmed = len(runs), confirmed
+    return best
+
+
+def _prefill_s(line: Timeline) -> float:
+    """The chunks' own time, summed: what a run's confirmation and the choice among runs go by."""
+    return sum(end - start for start, end in line.chunk_spans_s)
 
 
 def compare(chunk_tokens: int, **sizes) -> dict:

@@ -48,8 +48,9 @@ def test_the_untimed_warm_up_prefills_one_chunk_of_the_timed_size(monkeypatch, c
     sizes = {**SIZES, "prompt_tokens": 768}  # chunks past the 256 tokens that once warmed up
     i.run_timeline(chunk_tokens=chunk, **sizes)
     size = chunk or 768
-    assert calls[0] == (size, 0)  # the warm-up, before any timed chunk
-    assert calls[1:] == [(size, start) for start in range(0, 768, size)]
+    assert calls[0] == (size, 0)  # the warm-up, before any timed chunk, and only before the first run
+    runs = (len(calls) - 1) // (768 // size)
+    assert runs >= 1 and calls[1:] == [(size, start) for start in range(0, 768, size)] * runs
 
 
 def test_summary_keys_carry_units_and_are_consistent():
@@ -121,7 +122,7 @@ def test_a_cpu_timeline_starts_after_a_quiet_moment_and_says_how_busy_the_machin
     monkeypatch.delenv("LABKIT_QUIET_WAIT_S", raising=False)
     monkeypatch.setattr(i.cpu_info, "others_busy_share", lambda start, min_wall_s=0.0: 0.3)
     line = i.run_timeline(chunk_tokens=64, **SIZES)
-    assert waits == [timing.QUIET_WAIT_S]
+    assert waits == [timing.QUIET_WAIT_S] * line.runs  # before each run
     summary = line.summary()
     assert summary["others_busy_share"] == 0.3 and summary["disturbed"]
     busy = "other programs (a browser drawing?) kept 30% of the cores busy while it was timed"
@@ -157,3 +158,66 @@ def test_the_slider_at_the_whole_prompt_is_told_apart_from_the_unchunked_run():
     assert names == ["no chunking", "one chunk of 256 tokens (the whole prompt)"]
     assert [row["run"] for row in explore.interference_rows([unchunked, whole])] == names
     assert explore.interference_series(i.run_timeline(chunk_tokens=64, **SIZES))["name"] == "chunks of 64 tokens"
+
+
+def _paced(monkeypatch, seconds_a_chunk: list[float]):
+    """lab-tiny's timeline on a clock of its own: a chunk takes seconds_a_chunk[k] in the k-th
+    timed run, a decode step 1 ms (the warm-up's calls take none). Returns the streams' cache
+    length at each timed decode step, in order."""
+    built = sweeps.get_built_model(SIZES["model"], SIZES["device"])
+    real_prefill, real_decode = built.prefill_slot, built.decode_step
+    now, timed, runs, lengths = [0.0], [False], [0], []
+
+    class Clock:
+        def __init__(self, kind):
+            timed[0], runs[0] = True, runs[0] + 1
+
+        def now(self):
+            return now[0]
+
+        elapsed = now
+
+    def prefill(slot, tokens, cache=None, *, start=0):
+        if timed[0]:
+            now[0] += seconds_a_chunk[runs[0] - 1]
+        return real_prefill(slot, tokens, cache, start=start)
+
+    def decode(tokens, cache):
+        if timed[0]:
+            lengths.append(cache.host_lengths[0])
+            now[0] += 0.001
+        return real_decode(tokens, cache)
+
+    monkeypatch.setattr(i, "_Clock", Clock)
+    monkeypatch.setattr(built, "prefill_slot", prefill)
+    monkeypatch.setattr(built, "decode_step", decode)
+    return lengths
+
+
+def test_a_timeline_is_timed_until_two_runs_agree_on_its_prefill_and_the_fastest_is_kept(monkeypatch):
+    """Lesson 06's one timed run a side made chunking look free: `make report` timed the unchunked
+    4,096-token prefill at 634 ms where later runs took 444-460, and the chunked one (491 ms) beat
+    it. A slow first run is timed again; two runs within timing.CONFIRM_TOLERANCE end it."""
+    from labkit import explore
+    lengths = _paced(monkeypatch, [0.2, 0.05, 0.054, 1.0])
+    line = i.run_timeline(chunk_tokens=64, **SIZES)  # 4 chunks a run
+    assert (line.runs, line.confirmed) == (3, True)
+    assert line.summary()["prefill_compute_s"] == pytest.approx(4 * 0.05)  # the second run's, the fastest
+    # each run's decode steps read what the first run's read: the streams' cache starts again
+    # after the untimed warm-up step, every time
+    first = SIZES["context_tokens"] + 1
+    assert lengths == list(range(first, first + i.BEFORE_STEPS + 4 + i.AFTER_STEPS)) * 3
+    assert "not confirmed" not in explore.chunk_view(lambda chunk_tokens: line, line, 64)["status"]
+
+
+def test_runs_that_never_agree_stop_at_max_runs_and_the_status_line_says_so(monkeypatch):
+    from labkit import explore
+    _paced(monkeypatch, [0.06, 0.02, 0.12, 0.24])
+    line = i.run_timeline(chunk_tokens=64, **SIZES)
+    assert (line.runs, line.confirmed) == (i.MAX_RUNS, False)
+    assert line.summary()["prefill_compute_s"] == pytest.approx(4 * 0.02)  # the second run's, the fastest
+    status = explore.chunk_view(lambda chunk_tokens: line, line, 64)["status"]
+    assert status.endswith(f"; not confirmed: the fastest of {i.MAX_RUNS} runs is shown, and no other prefill came "
+                           "within 10% of it")
+    with pytest.raises(LabError, match="max_runs must be a positive integer, got 0"):
+        i.run_timeline(chunk_tokens=64, max_runs=0, **SIZES)

@@ -6,7 +6,7 @@ from .. import batching, workloads
 from .. import roofline as r
 from ..errors import SpecError
 from ..specs import HardwareSpec, ModelSpec
-from ..timing import busy_phrase
+from ..timing import CONFIRM_TOLERANCE, busy_phrase
 from ..units import machine_name, machine_of
 
 # ---- lesson 05: static vs continuous batching
@@ -103,7 +103,16 @@ def chunk_view(run, unchunked, chunk_tokens: int) -> dict:
             "bars": interference_bars([unchunked, timeline]), "rows": interference_rows([unchunked, timeline]),
             "status": (f"measured on {summary['device_name']}: worst gap {summary['itl_max_s'] * 1e3:,.0f} ms, "
                        f"prefill {summary['prefill_wall_s'] * 1e3:,.0f} ms" + _host_bound_chunks(summary)
+                       + _unconfirmed(summary)
                        + (f"; {busy_phrase(summary['others_busy_share'])}" if summary.get("disturbed") else ""))}
+
+
+def _unconfirmed(summary: dict) -> str:
+    """"; not confirmed: ..." where no two of a timeline's runs agreed on its prefill, else ""."""
+    if summary.get("confirmed", True) or summary.get("runs", 1) < 2:
+        return ""
+    return (f"; not confirmed: the fastest of {summary['runs']} runs is shown, and no other prefill came within "
+            f"{100 * CONFIRM_TOLERANCE:.0f}% of it")
 
 
 def _host_bound_chunks(summary: dict) -> str:

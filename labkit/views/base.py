@@ -84,7 +84,7 @@ class ErrorLine:
     """An HTML line under a widget: a status while measuring, the message when something fails."""
 
     def __init__(self):
-        self.widget = widgets.HTML("")
+        self.widget = widgets.HTML("").add_class("labkit-status")  # the browser tests read held status lines
 
     def status(self, text: str):
         """`text` in grey; each of its lines ("\\n") on a line of its own."""
