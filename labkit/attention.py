@@ -266,6 +266,6 @@ def time_point(method: str, tokens: int, heads: int, kv_heads: int, head_dim: in
             timing = measure.time_on_a_quiet_cpu(run, 2.0, 5.0)
     return {"method": method, "tokens": tokens, "time_s": timing.estimate_s, "noisy": timing.noisy,
             "device": device, "device_name": backend.device_name(device), "dtype": dtype, "heads": heads,
-            # what a reveal says of the machine's load while it was timed (`predict._busy`)
+            # what a reveal says of the machine's load while it was timed (`predict._busy_share`)
             "others_busy_share": timing.others_busy_share, "disturbed": timing.disturbed}
 

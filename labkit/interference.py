@@ -170,8 +170,7 @@ def run_timeline(model: str = "lab-cpu", streams: int = 4, context_tokens: int =
     runs = []
     while len(runs) < max_runs:
         runs.append(timed())
-        prefills = sorted(_prefill_s(line) for line in runs)
-        confirmed = len(prefills) >= 2 and prefills[1] <= (1 + timing.CONFIRM_TOLERANCE) * prefills[0]
+        confirmed = timing.Timing(tuple(map(_prefill_s, runs)), estimator="fastest").confirmed
         if confirmed:
             break
     best = min(runs, key=_prefill_s)

@@ -109,7 +109,7 @@ def chunk_view(run, unchunked, chunk_tokens: int) -> dict:
 
 def _unconfirmed(summary: dict) -> str:
     """"; not confirmed: ..." where no two of a timeline's runs agreed on its prefill, else ""."""
-    if summary.get("confirmed", True) or summary.get("runs", 1) < 2:
+    if summary["confirmed"] or summary["runs"] < 2:
         return ""
     return (f"; not confirmed: the fastest of {summary['runs']} runs is shown, and no other prefill came within "
             f"{100 * CONFIRM_TOLERANCE:.0f}% of it")
