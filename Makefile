@@ -128,12 +128,25 @@ update: ## git pull the lab; lessons you changed are kept in saved/<date-time>/ 
 # their positions ("0", "1", ...), so stripping and verifying always agree.
 # The notebooks' quick run: on a GPU machine here, on the GPU path with Triton; everywhere in
 # test-no-triton, on the CPU path with Triton absent (a CPU runs no Triton kernel outside the tests).
+# The CPU tests run first without Triton (test-no-triton), which records in build/triton-asked.txt
+# every test that asked for it (tests/no_triton/sitecustomize.py). Without a GPU, the run with
+# Triton then takes the tests marked `triton` and those that asked (tests/conftest.py): the others
+# ran the very same code without it (about 2 of `make test`'s minutes on 2 cores). With a GPU,
+# every test runs again, on the GPU.
 test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in quick mode (also without Triton), dry-run gpu-check
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "nbstripout --verify notebooks/*.ipynb"; \
 	  $(VENV)/bin/nbstripout --verify $(NOTEBOOKS) || { echo "test: lessons hold outputs or metadata (JupyterLab saves them as you work): 'make keep' copies them to saved/<date-time>/ and sets them back to git's version; 'make strip' removes the outputs from the files" >&2; exit 1; }; \
 	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
-	$(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
+	rm -f build/triton-asked.txt
+	$(MAKE) test-no-triton TEST_JOBS=$(TEST_JOBS)
+	@if nvidia-smi >/dev/null 2>&1; then \
+	  $(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%); \
+	else \
+	  echo "with Triton: the tests marked triton and those that asked for it (build/triton-asked.txt)"; \
+	  LABKIT_WITH_TRITON_ONLY=build/triton-asked.txt $(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" \
+	    --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%); \
+	fi
 	$(PY) -m pytest tests -m timed --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
 	$(PY) -m pytest $(SERIAL_TESTS)
 	LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache $(MAKE) gpu-compile TARGETS=sm_90a
@@ -142,7 +155,6 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	  echo "LABKIT_QUICK=1 pytest --nbval-lax notebooks (the GPU path)"; \
 	  LABKIT_QUICK=1 LABKIT_AUTO_REVEAL=1 LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache/notebooks $(PY) -m pytest --nbval-lax notebooks; \
 	fi
-	$(MAKE) test-no-triton TEST_JOBS=$(TEST_JOBS)
 
 # The CPU path as on a Mac or a Windows laptop, where Triton has no wheels: NO_TRITON makes `import
 # triton` fail as it fails there. Every notebook in quick mode on the CPU, then tests/test_no_triton.py:

@@ -228,11 +228,14 @@ def choose_ops(kernels: str | None, device: torch.device):
     (tests run the Triton path on the CPU, in the interpreter, by asking for it). Where Triton is
     not installed (Windows' CUDA torch brings none) None means torch's, and asking for "triton"
     is refused in one line."""
-    installed = backend.triton_installed()
-    kernels = kernels or ("triton" if device.type == "cuda" and installed else "torch")
+    # Triton is asked about only where the answer matters (a CUDA device, or Triton's ops asked
+    # for): a CPU model built with torch's ops runs the same whether it is installed or not, and
+    # `make test` reruns with Triton only the tests that asked (tests/no_triton/sitecustomize.py).
+    if kernels is None:
+        kernels = "triton" if device.type == "cuda" and backend.triton_installed() else "torch"
     if kernels not in OPS:
         raise LabError(f"kernels {kernels!r} unknown; known: {', '.join(OPS)}")
-    if kernels == "triton" and not installed:
+    if kernels == "triton" and not backend.triton_installed():
         raise LabError(f"kernels 'triton' skipped: {backend.TRITON_MISSING}; use kernels='torch'")
     return OPS[kernels]
 

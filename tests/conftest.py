@@ -35,9 +35,57 @@ def _cuda_available():
     return torch.cuda.is_available()
 
 
+# `make test` on a machine without a GPU runs every CPU test without Triton first
+# (tests/test_no_triton.py), which writes who asked for Triton to this file; the run with Triton
+# then takes only what the run without it cannot stand for (`only_what_asked`).
+WITH_TRITON_ONLY_ENV = "LABKIT_WITH_TRITON_ONLY"
+
+
+def only_what_asked(items, asked_lines: list[str]) -> tuple[list, list, str | None]:
+    """(kept, deselected, why all are kept or None) for a run with Triton after one without it:
+    kept are the tests marked `triton` (skipped without it), those that asked for Triton, and
+    every test of a file that asked while it was collected or set up (a module-scoped fixture
+    serves its whole file). tests/conftest.py's own asking is this file's `triton` skip, which
+    the marked tests answer. An ask nobody can be named for keeps every test."""
+    tests, files = set(), set()
+    for line in asked_lines:
+        kind, _, what = line.partition("\t")
+        if kind == "test":
+            tests.add(what)
+        elif kind == "file":
+            files.add(what)
+        elif kind != "conftest":
+            return list(items), [], f"Triton was asked for outside any test ({what or line!r})"
+    kept, deselected = [], []
+    for item in items:
+        asked = item.nodeid in tests or item.nodeid.split("::")[0] in files
+        (kept if asked or item.get_closest_marker("triton") is not None else deselected).append(item)
+    return kept, deselected, None
+
+
+def _keep_only_what_asked(config, items):
+    path = os.environ.get(WITH_TRITON_ONLY_ENV)
+    if not path:
+        return
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:  # never a run of nothing: the run without Triton has to write it first
+        raise pytest.UsageError(f"{WITH_TRITON_ONLY_ENV}={path}: {err.strerror}; `make test-no-triton` writes it") from None
+    kept, deselected, why = only_what_asked(items, lines)
+    if why:
+        print(f"\nwith Triton: every test, as {why}")
+    elif deselected:
+        print(f"\nwith Triton: {len(kept)} tests that are marked `triton` or asked for it; the other "
+              f"{len(deselected)} ran without Triton, never asking for it ({path})")
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip `triton`-marked tests where Triton is not installed (macOS, Windows: no wheels) and
-    `gpu`-marked tests on a machine without CUDA, with the reason in the -ra summary."""
+    `gpu`-marked tests on a machine without CUDA, with the reason in the -ra summary; with
+    LABKIT_WITH_TRITON_ONLY, keep only what a run without Triton cannot stand for."""
+    _keep_only_what_asked(config, items)
     from labkit import backend  # torch loads here: after the environment above is set
     if not backend.triton_installed():
         no_triton = pytest.mark.skip(reason=f"skipped: {backend.TRITON_MISSING}")

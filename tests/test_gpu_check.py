@@ -8,6 +8,7 @@ triton is imported (the command does it), and its exit code and output are part 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,10 +126,10 @@ def test_dry_run_prints_the_roof_before_each_measurement(dry_run):
 
 @pytest.mark.triton
 @pytest.mark.slow
-def test_a_second_run_adds_recordings_and_overwrites_none(dry_run):
+def test_a_second_run_adds_recordings_and_overwrites_none(dry_run, tmp_path):
     """A second run into the same folder (its calibration only: names are stamped to the minute,
     so within it the name is taken) writes beside the first's recordings, changing none."""
-    out, _ = dry_run
+    out = shutil.copytree(dry_run[0], tmp_path / "out")  # the fixture's folder stays as the dry run left it
     before = {p.name: p.read_bytes() for p in out.glob("*.json")}
     done = gpu_check("--out", str(out), "--dry-run", "--only", "calibration")
     assert done.returncode == 0, done.stderr[-3000:]

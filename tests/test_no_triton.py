@@ -18,14 +18,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = ROOT / "tests" / "no_triton"
 SKIPPED = "skipped: Triton is not installed (no wheels for this platform)"
+# Who asked for Triton in the CPU tests' run without it, for `make test`'s run with it (LABKIT_WITH_TRITON_ONLY).
+ASKED = ROOT / "build" / "triton-asked.txt"
 # Run beside this file by `make test` (or by hand), never inside the no-Triton CPU test run.
 NOT_HERE = ("test_no_triton.py", "test_make_lab.py", "test_app.py", "test_report.py", "test_browser.py")
 
 
-def without_triton(args: list[str], timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """`args` in a process where `import triton` fails, on the CPU path; stdout and stderr together."""
+def without_triton(args: list[str], timeout: float = 300, cwd: Path = ROOT,
+                   asked: Path | None = None) -> subprocess.CompletedProcess:
+    """`args` in a process where `import triton` fails, on the CPU path; stdout and stderr together.
+    `asked`: the file where every lookup of Triton is recorded with who asked (the block's docstring)."""
     path = os.pathsep.join(p for p in (str(BLOCK), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "LABKIT_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTEST_CURRENT_TEST", None)  # this test is not the one asking: the suite's own tests name themselves
+    if asked is not None:
+        env["LABKIT_TRITON_ASKED"] = str(asked)
     return subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
 
@@ -82,12 +89,16 @@ def test_the_cpu_tests_pass_and_name_what_they_skip():
     without Triton (in TEST_JOBS processes where `make test` passes them): it passes, and every
     test that needs Triton is skipped with the reason, never failed with a traceback. The `timed`
     tests are left out: they time the CPU path, the same code with Triton or without it, and what
-    they time needs a machine to itself, which `make test` gives them once, with Triton."""
+    they time needs a machine to itself, which `make test` gives them once, with Triton.
+    It also writes who asked for Triton (ASKED): `make test` runs with Triton only those tests
+    and the `triton`-marked ones, the others having just run the same code here."""
     ignored = [arg for name in NOT_HERE for arg in ("--ignore", f"tests/{name}")]
     jobs = os.environ.get("TEST_JOBS", "0")  # `make test` passes its TEST_JOBS (pytest-xdist's -n)
     parallel = [] if jobs == "0" else ["-n", jobs]
+    ASKED.parent.mkdir(exist_ok=True)
+    ASKED.unlink(missing_ok=True)  # this run's askers only (tests/no_triton/sitecustomize.py)
     done = without_triton([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *ignored, "tests",
-                           "-m", "not browser and not timed", *parallel], timeout=900)
+                           "-m", "not browser and not timed", *parallel], timeout=900, asked=ASKED)
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, f"the CPU tests failed without Triton: {summary}\n{done.stdout[-6000:]}"
     for name in ("test_kernels_matmul", "test_kernels_flash_attention", "test_kernels_decode_attention",
@@ -95,3 +106,51 @@ def test_the_cpu_tests_pass_and_name_what_they_skip():
                  "test_gpu_compile"):
         assert re.search(rf"tests/{name}\.py:\d+: {re.escape(SKIPPED)}", done.stdout), f"{name}: not skipped, or not saying why"
     assert "No module named 'triton'" not in done.stdout, done.stdout[-6000:]
+    # What `make test` then runs with Triton (tests/conftest.py, only_what_asked): the kernel tests'
+    # files asked while they were collected, and lesson 03's check asked in its test. A recorder
+    # that stopped writing would leave the run with Triton only the `triton`-marked tests.
+    asked = set(ASKED.read_text(encoding="utf-8").splitlines())
+    for name in ("test_kernels_matmul", "test_kernels_flash_attention", "test_gpu_compile"):
+        assert f"file\ttests/{name}.py" in asked, f"{name}: its asking for Triton was not recorded in {ASKED}"
+    assert any(line.startswith("test\ttests/test_attention.py::") for line in asked), sorted(asked)
+
+
+@pytest.mark.parametrize("current, line", [
+    ("tests/test_x.py::test_y[a b] (call)", "test\ttests/test_x.py::test_y[a b]"),
+    ("tests/test_x.py::test_y[a b] (setup)", "file\ttests/test_x.py"),  # a module-scoped fixture serves the file
+    (None, "unknown\t-c"),
+])
+def test_the_block_records_who_asked_for_triton_in_every_process(tmp_path, current, line):
+    """A lookup of Triton in a process the test started names the test pytest was running, or
+    its file while a fixture was set up; with no test running and no test file on the stack, it
+    is unknown (and `only_what_asked` then keeps every test)."""
+    log = tmp_path / "asked.txt"
+    env = {**os.environ, "LABKIT_TRITON_ASKED": str(log), "PYTHONPATH": str(BLOCK)}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    if current:
+        env["PYTEST_CURRENT_TEST"] = current
+    probe = "import importlib.util\ntry:\n    importlib.util.find_spec('triton')\nexcept ImportError:\n    pass\nimport numpy"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == [line]
+
+
+class _Item:
+    def __init__(self, nodeid, marked=False):
+        self.nodeid, self.marked = nodeid, marked
+
+    def get_closest_marker(self, name):
+        return object() if self.marked and name == "triton" else None
+
+
+def test_the_run_with_triton_keeps_the_marked_the_askers_and_their_files():
+    from conftest import only_what_asked
+    items = [_Item("tests/test_a.py::test_marked", marked=True), _Item("tests/test_a.py::test_asked"),
+             _Item("tests/test_a.py::test_quiet"), _Item("tests/test_b.py::test_one"), _Item("tests/test_b.py::test_two")]
+    kept, deselected, why = only_what_asked(items, ["test\ttests/test_a.py::test_asked", "file\ttests/test_b.py",
+                                                    "conftest\ttests/conftest.py"])
+    assert [i.nodeid for i in kept] == ["tests/test_a.py::test_marked", "tests/test_a.py::test_asked",
+                                        "tests/test_b.py::test_one", "tests/test_b.py::test_two"]
+    assert [i.nodeid for i in deselected] == ["tests/test_a.py::test_quiet"] and why is None
+    kept, deselected, why = only_what_asked(items, ["test\ttests/test_a.py::test_asked", "unknown\t-c"])
+    assert kept == items and deselected == [] and "outside any test" in why
