@@ -131,8 +131,8 @@ update: ## git pull the lab; lessons you changed are kept in saved/<date-time>/ 
 # The CPU tests run first without Triton (test-no-triton), which records in build/triton-asked.txt
 # every test that asked for it (tests/no_triton/sitecustomize.py). Without a GPU, the run with
 # Triton then takes the tests marked `triton` and those that asked (tests/conftest.py): the others
-# ran the very same code without it (about 2 of `make test`'s minutes on 2 cores). With a GPU,
-# every test runs again, on the GPU.
+# ran the same code without it, as the block's docstring argues (about 2 of `make test`'s minutes
+# on 2 cores). With a GPU, every test runs again, on the GPU.
 test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in quick mode (also without Triton), dry-run gpu-check
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "nbstripout --verify notebooks/*.ipynb"; \
@@ -143,7 +143,9 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	@if nvidia-smi >/dev/null 2>&1; then \
 	  $(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%); \
 	else \
-	  echo "with Triton: the tests marked triton and those that asked for it (build/triton-asked.txt)"; \
+	  if grep -q '^unknown' build/triton-asked.txt; then \
+	    echo "with Triton: every test (Triton was asked for outside any test: build/triton-asked.txt)"; \
+	  else echo "with Triton: the tests marked triton or browser and those that asked for it (build/triton-asked.txt)"; fi; \
 	  LABKIT_WITH_TRITON_ONLY=build/triton-asked.txt $(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" \
 	    --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%); \
 	fi

@@ -2,6 +2,7 @@
 imported, and test modules import torch/triton only after this file has run."""
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -35,18 +36,20 @@ def _cuda_available():
     return torch.cuda.is_available()
 
 
-# `make test` on a machine without a GPU runs every CPU test without Triton first
-# (tests/test_no_triton.py), which writes who asked for Triton to this file; the run with Triton
-# then takes only what the run without it cannot stand for (`only_what_asked`).
+# `make test` runs every CPU test without Triton first (tests/test_no_triton.py), which writes who
+# asked for Triton to the file this names; without a GPU, the run with Triton then takes only what
+# the run without it cannot stand for (`only_what_asked`; tests/no_triton/sitecustomize.py says why).
 WITH_TRITON_ONLY_ENV = "LABKIT_WITH_TRITON_ONLY"
+NOT_RUN_WITHOUT_TRITON = ("triton", "browser")  # skipped there, or left out of it (`-m "not browser"`)
 
 
 def only_what_asked(items, asked_lines: list[str]) -> tuple[list, list, str | None]:
     """(kept, deselected, why all are kept or None) for a run with Triton after one without it:
-    kept are the tests marked `triton` (skipped without it), those that asked for Triton, and
-    every test of a file that asked while it was collected or set up (a module-scoped fixture
-    serves its whole file). tests/conftest.py's own asking is this file's `triton` skip, which
-    the marked tests answer. An ask nobody can be named for keeps every test."""
+    kept are the tests marked `triton` or `browser` (the run without Triton skipped or left them
+    out), those that asked for Triton, and every test of a file that asked while it was collected
+    or set up (a module-scoped fixture serves its whole file). The collection hook below asks
+    only to skip the `triton`-marked tests, which are kept. An ask nobody can be named for keeps
+    every test."""
     tests, files = set(), set()
     for line in asked_lines:
         kind, _, what = line.partition("\t")
@@ -59,7 +62,8 @@ def only_what_asked(items, asked_lines: list[str]) -> tuple[list, list, str | No
     kept, deselected = [], []
     for item in items:
         asked = item.nodeid in tests or item.nodeid.split("::")[0] in files
-        (kept if asked or item.get_closest_marker("triton") is not None else deselected).append(item)
+        marked = any(item.get_closest_marker(name) is not None for name in NOT_RUN_WITHOUT_TRITON)
+        (kept if asked or marked else deselected).append(item)
     return kept, deselected, None
 
 
@@ -72,13 +76,18 @@ def _keep_only_what_asked(config, items):
     except OSError as err:  # never a run of nothing: the run without Triton has to write it first
         raise pytest.UsageError(f"{WITH_TRITON_ONLY_ENV}={path}: {err.strerror}; `make test-no-triton` writes it") from None
     kept, deselected, why = only_what_asked(items, lines)
-    if why:
-        print(f"\nwith Triton: every test, as {why}")
-    elif deselected:
-        print(f"\nwith Triton: {len(kept)} tests that are marked `triton` or asked for it; the other "
-              f"{len(deselected)} ran without Triton, never asking for it ({path})")
+    if deselected:  # the Makefile says which of the two it is (pytest-xdist's workers print nothing)
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
+
+
+def pytest_runtest_setup(item):
+    """In the run without Triton that records who asked for it (tests/no_triton/sitecustomize.py),
+    torch's cached answers are forgotten before each test, so a test relying on one asks again."""
+    if os.environ.get("LABKIT_TRITON_ASKED") and "torch.utils._triton" in sys.modules:
+        for value in vars(sys.modules["torch.utils._triton"]).values():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -135,22 +135,57 @@ def test_the_block_records_who_asked_for_triton_in_every_process(tmp_path, curre
     assert log.read_text().splitlines() == [line]
 
 
+def test_a_module_asking_while_collected_names_every_test_file_importing_it(tmp_path):
+    """A test module's import-time ask counts for each test file on the stack: one test file
+    importing another (test_arm_fallbacks imports test_model) shares what that one learnt."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_inner.py").write_text("import importlib.util\ntry:\n    importlib.util.find_spec('triton')\n"
+                                                      "except ImportError:\n    pass\n")
+    (tmp_path / "tests" / "test_outer.py").write_text("import test_inner\n")
+    log = tmp_path / "asked.txt"
+    env = {**os.environ, "LABKIT_TRITON_ASKED": str(log), "PYTHONPATH": os.pathsep.join([str(BLOCK), str(tmp_path / "tests")])}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    done = subprocess.run([sys.executable, "-c", "import test_outer"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == ["file\ttests/test_inner.py", "file\ttests/test_outer.py"]
+
+
 class _Item:
-    def __init__(self, nodeid, marked=False):
-        self.nodeid, self.marked = nodeid, marked
+    def __init__(self, nodeid, marker=None):
+        self.nodeid, self.marker = nodeid, marker
 
     def get_closest_marker(self, name):
-        return object() if self.marked and name == "triton" else None
+        return object() if name == self.marker else None
 
 
 def test_the_run_with_triton_keeps_the_marked_the_askers_and_their_files():
     from conftest import only_what_asked
-    items = [_Item("tests/test_a.py::test_marked", marked=True), _Item("tests/test_a.py::test_asked"),
-             _Item("tests/test_a.py::test_quiet"), _Item("tests/test_b.py::test_one"), _Item("tests/test_b.py::test_two")]
+    items = [_Item("tests/test_a.py::test_marked", "triton"), _Item("tests/test_a.py::test_asked"),
+             _Item("tests/test_a.py::test_quiet"), _Item("tests/test_a.py::test_slow", "slow"),
+             _Item("tests/test_a.py::test_in_chromium", "browser"),
+             _Item("tests/test_b.py::test_one"), _Item("tests/test_b.py::test_two")]
     kept, deselected, why = only_what_asked(items, ["test\ttests/test_a.py::test_asked", "file\ttests/test_b.py",
                                                     "conftest\ttests/conftest.py"])
     assert [i.nodeid for i in kept] == ["tests/test_a.py::test_marked", "tests/test_a.py::test_asked",
+                                        "tests/test_a.py::test_in_chromium",  # the run without Triton left it out
                                         "tests/test_b.py::test_one", "tests/test_b.py::test_two"]
-    assert [i.nodeid for i in deselected] == ["tests/test_a.py::test_quiet"] and why is None
+    assert [i.nodeid for i in deselected] == ["tests/test_a.py::test_quiet", "tests/test_a.py::test_slow"] and why is None
     kept, deselected, why = only_what_asked(items, ["test\ttests/test_a.py::test_asked", "unknown\t-c"])
     assert kept == items and deselected == [] and "outside any test" in why
+
+
+KERNEL_MODULES = sorted(p.stem for p in (ROOT / "kernels").glob("*.py") if p.stem not in ("__init__", "_runtime", "tolerances"))
+
+
+def test_no_code_branches_on_a_kernel_modules_kept_answer():
+    """What makes `make test`'s run with Triton skip the tests that never asked for it (the block's
+    docstring): a kernel module keeps whether Triton imported, but only to define its Triton
+    kernel, at module level; nothing else reads its `triton` or `tl`."""
+    for stem in KERNEL_MODULES:
+        for number, line in enumerate((ROOT / "kernels" / f"{stem}.py").read_text().splitlines(), 1):
+            if re.search(r"\b(triton|tl) is (not )?None\b", line):
+                assert line.startswith("if "), f"kernels/{stem}.py:{number} branches on it inside code: {line.strip()}"
+    reader = re.compile(rf"\b(?:{'|'.join(KERNEL_MODULES)})\.(?:triton|tl)\b|from kernels\.\w+ import [^#\n]*\b(?:triton|tl)\b")
+    for path in [*(ROOT / "labkit").rglob("*.py"), *(ROOT / "kernels").glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+        found = reader.search(path.read_text())
+        assert not found, f"{path.relative_to(ROOT)} reads a kernel module's kept answer: {found[0]}"
