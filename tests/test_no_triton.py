@@ -90,8 +90,9 @@ def test_the_cpu_tests_pass_and_name_what_they_skip():
     test that needs Triton is skipped with the reason, never failed with a traceback. The `timed`
     tests are left out: they time the CPU path, the same code with Triton or without it, and what
     they time needs a machine to itself, which `make test` gives them once, with Triton.
-    It also writes who asked for Triton (ASKED): `make test` runs with Triton only those tests
-    and the `triton`-marked ones, the others having just run the same code here."""
+    It also writes who asked for Triton (ASKED): without a GPU, `make test` runs with Triton only
+    those tests and the ones marked `triton` or `browser`, the others having just run the same
+    code here (tests/conftest.py, `only_what_asked`)."""
     ignored = [arg for name in NOT_HERE for arg in ("--ignore", f"tests/{name}")]
     jobs = os.environ.get("TEST_JOBS", "0")  # `make test` passes its TEST_JOBS (pytest-xdist's -n)
     parallel = [] if jobs == "0" else ["-n", jobs]
