@@ -172,7 +172,7 @@ PRINTED_JS = """() => {
     }
   });
   // what views.after_estimate held back until the estimate was committed, printed as text
-  document.querySelectorAll('.labkit-held pre').forEach(p => out.push(p.innerText + '\\n'));
+  document.querySelectorAll('.labkit-held pre').forEach(p => out.push(p.textContent + '\\n'));
   return out.join('');
 }"""
 
@@ -217,21 +217,25 @@ def console_failures(messages: list[tuple[str, str]]) -> list[str]:
 
 
 GROWTH = re.compile(r"P from ([\d,]+) to ([\d,]+) is ([\d.]+)× the tokens; measured time ([\d.]+)×")
+BUSY_LEFT_OUT = re.compile(r"\(\d+ point\(s\) timed on a busy machine left out\)")  # explore.growth_line
 EXTREMES = re.compile(r"Furthest towards decode: (.+?) \(\d+% prefill\)\. Furthest towards prefill: (.+?) \(")
 SHAPE_ROW = re.compile(r"^ *(.+?): prefill +([\d,.]+) ms, decode +([\d,.]+) ms", re.M)
 # Lesson 06: the unchunked run's line (printed once the estimate is in) and the chunk slider's status line
 STALL = re.compile(r"worst gap ([\d,]+) ms while [\d,]+ prompt tokens were prefilled in one pass")
 CHUNKED = re.compile(r"measured on [^:\n]+: worst gap ([\d,]+) ms, prefill ([\d,]+) ms")
 # The status lines of what views.after_estimate held back (a lab's measured line), as text
-STATUS_JS = """() => [...document.querySelectorAll('.labkit-held .labkit-status')].map(e => e.innerText).join('\\n')"""
+STATUS_JS = """() => [...document.querySelectorAll('.labkit-held .labkit-status')].map(e => e.textContent).join('\\n')"""
 PREFILL_HEAVY_SHAPES = {"Classification / extraction", "Inline code completion", "Long-document summarisation"}
 
 
 def conclusions(notebook: Path, printed: str) -> dict:
     """The measured conclusion a lesson printed, parsed: lesson 02's growth from the shortest to
     the longest prompt, lesson 07's prefill share per shape and its two extremes."""
-    if notebook.stem.startswith("02_") and (m := GROWTH.search(printed)):
-        return {"from": m[1], "to": m[2], "tokens_ratio": float(m[3]), "measured_ratio": float(m[4])}
+    if notebook.stem.startswith("02_"):
+        busy = bool(BUSY_LEFT_OUT.search(printed))  # the lab said it left points out: the machine was busy
+        if m := GROWTH.search(printed):
+            return {"from": m[1], "to": m[2], "tokens_ratio": float(m[3]), "measured_ratio": float(m[4]), "busy": busy}
+        return {"busy": busy}
     if notebook.stem.startswith("07_"):
         shares = {name: float(p.replace(",", "")) / (float(p.replace(",", "")) + float(d.replace(",", "")))
                   for name, p, d in SHAPE_ROW.findall(printed)}
@@ -250,7 +254,7 @@ def contradictions(notebook: Path, printed: str) -> list[str]:
     """Where a lesson's printed, measured conclusion says the opposite of its text."""
     found = conclusions(notebook, printed)
     if notebook.stem.startswith("02_"):
-        if not found:
+        if "measured_ratio" not in found:
             return [f"no growth conclusion printed: {printed[-400:]!r}"]
         if found["measured_ratio"] <= found["tokens_ratio"]:
             return [f"measured time grew {found['measured_ratio']}x for {found['tokens_ratio']}x the tokens: "
@@ -297,6 +301,36 @@ def test_lesson_06s_check_tells_a_chunked_prefill_that_pays_from_one_that_wins()
     (wider,) = contradictions(nb, line.format(416, 450, 470))
     assert "shrinks" in wider
     assert "not found" in contradictions(nb, "nothing measured")[0]
+
+
+def test_lesson_02s_conclusion_says_whether_the_lab_left_points_out_as_busy():
+    """The three-run check runs a missed run twice again only where the lab itself said the
+    machine was busy: the growth line's own words (explore.growth_line), parsed here."""
+    from labkit.explore import growth_line
+    nb = ROOT / "notebooks" / "02_prefill_two_terms.ipynb"
+    g = {"left_out": 0, "device_name": "AMD EPYC", "from": 512, "to": 4096, "x_ratio": 8.0, "measured_ratio": 13.3,
+         "predicted_ratio": 15.9, "linear_only_ratio": 7.9}
+    assert conclusions(nb, growth_line(g)) == {"from": "512", "to": "4,096", "tokens_ratio": 8.0,
+                                               "measured_ratio": 13.3, "busy": False}
+    busy = conclusions(nb, growth_line({**g, "left_out": 3, "to": 2304, "x_ratio": 4.5, "measured_ratio": 6.4}))
+    assert busy["busy"] and busy["to"] == "2,304"
+    assert conclusions(nb, growth_line({**g, "left_out": 5, "measured_ratio": None})) == {"busy": True}
+    assert "no growth conclusion" in contradictions(nb, growth_line({**g, "left_out": 5, "measured_ratio": None}))[0]
+
+
+def wait_for_conclusion(page, notebook: Path, timeout_s: float = 30) -> dict:
+    """The lesson's measured conclusion, once the page shows it: the reveal can come before the
+    line views.after_estimate releases beneath it (lesson 02's fifth run in one lab, on the 2-core
+    Zen 4 EPYC VM, read the page between the two and found no growth line), and a lesson that
+    found too few trustworthy points says so instead. After `timeout_s`, whatever it shows."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = page.evaluate(PRINTED_JS)
+        found = conclusions(notebook, text)
+        done = "measured_ratio" in found if notebook.stem.startswith("02_") else bool(found.get("extremes"))
+        if done or "Too few trustworthy" in text or time.monotonic() > deadline:
+            return found
+        page.wait_for_timeout(250)
 
 
 RUNS: dict[str, list[dict]] = {}  # notebook stem -> the conclusions of each browser run so far
@@ -475,7 +509,7 @@ def test_the_order_check_tells_a_tie_from_a_swap():
 
 @pytest.mark.browser
 @pytest.mark.slow
-@pytest.mark.timeout(7 * RUN_TIMEOUT_S)  # three runs, each at most once again, and two idle references
+@pytest.mark.timeout(10 * RUN_TIMEOUT_S)  # three runs, each at most twice again, and their idle references
 @pytest.mark.parametrize("stem", ["02_prefill_two_terms", "07_workload_shapes"])
 def test_measured_conclusions_hold_in_three_browser_runs(lab, stem):
     """With JupyterLab and Chromium on the same cores, lesson 02's measured growth from 512 to
@@ -486,8 +520,13 @@ def test_measured_conclusions_hold_in_three_browser_runs(lab, stem):
     Lesson 02's idle reference is taken before the runs and again after them: a shared VM's
     neighbours move the idle figure too (a fresh-clone run on the 2-core Xeon measured 12.7x idle
     before its runs, and runs of 12.0x, 16.2x and 12.9x), so a run is held to within 25 % of the
-    idle range. A run outside it is run once more, and the new run must be inside: one transient
-    slowdown is the neighbours', the same miss twice is the lab's."""
+    idle range. A run outside it is run once more, after a new idle reference (the idle figure at
+    that moment joins the range), and the new run must be inside: one transient slowdown is the
+    neighbours', the same miss twice is the lab's. Unless the lab itself said, in the rerun, that
+    the machine was busy (points left out of the growth as timed on a busy machine): then it is
+    run once more again, the last chance (a fresh clone on the 2-core Zen 4 EPYC VM, idle 12.8x
+    and 13.1x: 13.3x, then 17.5x and on its rerun 6.4x from 512 to 2,304 tokens, the longer
+    prompts left out as timed on a busy machine, then 15.1x)."""
     notebook = ROOT / "notebooks" / f"{stem}.ipynb"
     page = lab.fresh_page()
     wait_for_no_sessions(lab.server)  # the test before closed its notebook: an idle machine, not one shutting a kernel down
@@ -502,27 +541,35 @@ def test_measured_conclusions_hold_in_three_browser_runs(lab, stem):
         open_and_run(page, lab.server, notebook)
         commit_predictions(page, MOVE_TIMEOUT_S)  # the conclusion waits for the estimate (views.after_estimate)
         wait_for_widgets(page)
-        printed = conclusions(notebook, page.evaluate(PRINTED_JS))
+        printed = wait_for_conclusion(page, notebook)
         close(page, lab.server).join(timeout=60)
         lab.trusted = True
         return printed
 
     while len(runs) < 3:
         runs.append(run_once())
-    if references:
+
+    def reference():
         wait_for_no_sessions(lab.server)
         references.append(idle_growth(lab.server))
-        low, high = 0.75 * min(references), 1.25 * max(references)
-        # The same growth as the idle reference's: a run whose end point was timed noisy prints the
-        # growth between other prompts, which no idle figure here stands for.
-        ends = tuple(f"{p:,}" for p in IDLE_PROMPTS)
-        inside = lambda run: ((run.get("from"), run.get("to")) == ends and run.get("measured_ratio") is not None  # noqa: E731
-                              and low <= run["measured_ratio"] <= high)
+
+    # The same growth as the idle reference's: a run whose end point was timed noisy prints the
+    # growth between other prompts, which no idle figure here stands for.
+    ends = tuple(f"{p:,}" for p in IDLE_PROMPTS)
+    inside = lambda run: ((run.get("from"), run.get("to")) == ends and run.get("measured_ratio") is not None  # noqa: E731
+                          and 0.75 * min(references) <= run["measured_ratio"] <= 1.25 * max(references))
+    if references:
+        reference()
         for i, run in enumerate(runs):
-            if not inside(run):
-                runs[i] = {**run_once(), "replaces": run}
-                print(f"{stem}: run {i + 1} measured {run.get('measured_ratio')}x, outside "
-                      f"{low:.1f}-{high:.1f}x: run again, {runs[i].get('measured_ratio')}x")
+            for attempt in (1, 2):
+                if inside(run) or (attempt == 2 and not run.get("busy")):
+                    break
+                missed = run
+                reference()
+                run = runs[i] = {**run_once(), "replaces": missed}
+                print(f"{stem}: run {i + 1} measured {missed.get('measured_ratio')}x from {missed.get('from')} to "
+                      f"{missed.get('to')}, outside {0.75 * min(references):.1f}-{1.25 * max(references):.1f}x "
+                      f"(busy: {missed.get('busy')}): run again, {run.get('measured_ratio')}x")
     print(f"{stem}: idle growth {references}; browser runs {runs}")
     if references:
         ratios = [run.get("measured_ratio") for run in runs]
