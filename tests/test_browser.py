@@ -171,7 +171,8 @@ PRINTED_JS = """() => {
       if (o.output_type === 'stream') out.push(Array.isArray(o.text) ? o.text.join('') : o.text);
     }
   });
-  // what views.after_estimate held back until the estimate was committed, printed as text
+  // what views.after_estimate held back until the estimate was committed, printed as text; its
+  // textContent, as innerText is empty in a cell off screen (JupyterLab's contentVisibility windowing)
   document.querySelectorAll('.labkit-held pre').forEach(p => out.push(p.textContent + '\\n'));
   return out.join('');
 }"""
@@ -319,10 +320,9 @@ def test_lesson_02s_conclusion_says_whether_the_lab_left_points_out_as_busy():
 
 
 def wait_for_conclusion(page, notebook: Path, timeout_s: float = 30) -> dict:
-    """The lesson's measured conclusion, once the page shows it: the reveal can come before the
-    line views.after_estimate releases beneath it (lesson 02's fifth run in one lab, on the 2-core
-    Zen 4 EPYC VM, read the page between the two and found no growth line), and a lesson that
-    found too few trustworthy points says so instead. After `timeout_s`, whatever it shows."""
+    """The lesson's measured conclusion once the page shows it (views.after_estimate releases it
+    beneath the reveal, which comes first), or its word that too few points were trustworthy;
+    after `timeout_s`, whatever the page shows."""
     deadline = time.monotonic() + timeout_s
     while True:
         text = page.evaluate(PRINTED_JS)
