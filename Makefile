@@ -132,7 +132,8 @@ update: ## git pull the lab; lessons you changed are kept in saved/<date-time>/ 
 # every test that asked for it (tests/no_triton/sitecustomize.py). Without a GPU, the run with
 # Triton then takes the tests marked `triton` and those that asked (tests/conftest.py): the others
 # ran the same code without it, as the block's docstring argues (about 2 of `make test`'s minutes
-# on 2 cores). With a GPU, every test runs again, on the GPU.
+# on 2 cores); pytest's header says which. With a GPU, every test runs again, on the GPU
+# (LABKIT_WITH_TRITON_ONLY left empty).
 test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in quick mode (also without Triton), dry-run gpu-check
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "nbstripout --verify notebooks/*.ipynb"; \
@@ -140,15 +141,8 @@ test: venv browser ## Check notebooks are stripped, run tests/, run notebooks in
 	else echo "test: no notebooks yet; skipping nbstripout --verify"; fi
 	rm -f build/triton-asked.txt
 	$(MAKE) test-no-triton TEST_JOBS=$(TEST_JOBS)
-	@if nvidia-smi >/dev/null 2>&1; then \
-	  $(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%); \
-	else \
-	  if grep -q '^unknown' build/triton-asked.txt; then \
-	    echo "with Triton: every test (Triton was asked for outside any test: build/triton-asked.txt)"; \
-	  else echo "with Triton: the tests marked triton or browser and those that asked for it (build/triton-asked.txt)"; fi; \
-	  LABKIT_WITH_TRITON_ONLY=build/triton-asked.txt $(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" \
-	    --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%); \
-	fi
+	only=$$(nvidia-smi >/dev/null 2>&1 || echo build/triton-asked.txt); \
+	LABKIT_WITH_TRITON_ONLY=$$only $(PY) -m pytest tests -n $(TEST_JOBS) -m "not timed" --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
 	$(PY) -m pytest tests -m timed --ignore=tests/test_no_triton.py $(SERIAL_TESTS:%=--ignore=%)
 	$(PY) -m pytest $(SERIAL_TESTS)
 	LABKIT_CACHE_DIR=$(CURDIR)/build/test-cache $(MAKE) gpu-compile TARGETS=sm_90a

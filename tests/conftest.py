@@ -43,13 +43,11 @@ WITH_TRITON_ONLY_ENV = "LABKIT_WITH_TRITON_ONLY"
 NOT_RUN_WITHOUT_TRITON = ("triton", "browser")  # skipped there, or left out of it (`-m "not browser"`)
 
 
-def only_what_asked(items, asked_lines: list[str]) -> tuple[list, list, str | None]:
-    """(kept, deselected, why all are kept or None) for a run with Triton after one without it:
-    kept are the tests marked `triton` or `browser` (the run without Triton skipped or left them
-    out), those that asked for Triton, and every test of a file that asked while it was collected
-    or set up (a module-scoped fixture serves its whole file). The collection hook below asks
-    only to skip the `triton`-marked tests, which are kept. An ask nobody can be named for keeps
-    every test."""
+def who_asked(asked_lines: list[str]) -> tuple[set, set, str | None]:
+    """(tests, files, why every test runs) from the lines of the run without Triton: the tests
+    that asked for Triton, the files that asked while collected or set up (a module-scoped
+    fixture serves its whole file), and, where an ask names nobody, why all must run again. The
+    collection hook below asks only to skip the `triton`-marked tests, which run again anyway."""
     tests, files = set(), set()
     for line in asked_lines:
         kind, _, what = line.partition("\t")
@@ -58,7 +56,17 @@ def only_what_asked(items, asked_lines: list[str]) -> tuple[list, list, str | No
         elif kind == "file":
             files.add(what)
         elif kind != "conftest":
-            return list(items), [], f"Triton was asked for outside any test ({what or line!r})"
+            return tests, files, f"Triton was asked for outside any test ({what or line!r})"
+    return tests, files, None
+
+
+def only_what_asked(items, asked_lines: list[str]) -> tuple[list, list, str | None]:
+    """(kept, deselected, why all are kept or None) for a run with Triton after one without it:
+    kept are the tests marked `triton` or `browser` (the run without Triton skipped or left them
+    out) and those that asked for Triton, themselves or through their file (`who_asked`)."""
+    tests, files, why = who_asked(asked_lines)
+    if why:
+        return list(items), [], why
     kept, deselected = [], []
     for item in items:
         asked = item.nodeid in tests or item.nodeid.split("::")[0] in files
@@ -67,16 +75,38 @@ def only_what_asked(items, asked_lines: list[str]) -> tuple[list, list, str | No
     return kept, deselected, None
 
 
-def _keep_only_what_asked(config, items):
+ASKED_LINES = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    """With LABKIT_WITH_TRITON_ONLY, its file's lines, read once a process; a missing file stops
+    the run in one line (never a run of nothing: the run without Triton has to write it first)."""
     path = os.environ.get(WITH_TRITON_ONLY_ENV)
     if not path:
         return
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as err:  # never a run of nothing: the run without Triton has to write it first
+        config.stash[ASKED_LINES] = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
         raise pytest.UsageError(f"{WITH_TRITON_ONLY_ENV}={path}: {err.strerror}; `make test-no-triton` writes it") from None
-    kept, deselected, why = only_what_asked(items, lines)
-    if deselected:  # the Makefile says which of the two it is (pytest-xdist's workers print nothing)
+
+
+def pytest_report_header(config):
+    """Which tests this run with Triton takes, said once by the main process (pytest-xdist's
+    workers, which select them, print nothing)."""
+    if ASKED_LINES not in config.stash:
+        return None
+    tests, files, why = who_asked(config.stash[ASKED_LINES])
+    if why:
+        return f"with Triton: every test, as {why}"
+    return (f"with Triton: the tests marked {' or '.join(NOT_RUN_WITHOUT_TRITON)}, and the {len(tests)} tests and "
+            f"{len(files)} test files that asked for it without Triton ({os.environ[WITH_TRITON_ONLY_ENV]})")
+
+
+def _keep_only_what_asked(config, items):
+    if ASKED_LINES not in config.stash:
+        return
+    kept, deselected, _ = only_what_asked(items, config.stash[ASKED_LINES])
+    if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
 

@@ -556,8 +556,11 @@ def test_measured_conclusions_hold_in_three_browser_runs(lab, stem):
     # The same growth as the idle reference's: a run whose end point was timed noisy prints the
     # growth between other prompts, which no idle figure here stands for.
     ends = tuple(f"{p:,}" for p in IDLE_PROMPTS)
-    inside = lambda run: ((run.get("from"), run.get("to")) == ends and run.get("measured_ratio") is not None  # noqa: E731
-                          and 0.75 * min(references) <= run["measured_ratio"] <= 1.25 * max(references))
+
+    def inside(run) -> bool:
+        return ((run.get("from"), run.get("to")) == ends and run.get("measured_ratio") is not None
+                and 0.75 * min(references) <= run["measured_ratio"] <= 1.25 * max(references))
+
     if references:
         reference()
         for i, run in enumerate(runs):
