@@ -231,11 +231,12 @@ def choose_ops(kernels: str | None, device: torch.device):
     # Triton is asked about only where the answer matters (a CUDA device, or Triton's ops asked
     # for): a CPU model built with torch's ops runs the same whether it is installed or not, and
     # `make test` reruns with Triton only the tests that asked (tests/no_triton/sitecustomize.py).
+    # Asked once: a default of "triton" was chosen because it is installed.
     if not kernels:
         kernels = "triton" if device.type == "cuda" and backend.triton_installed() else "torch"
-    if kernels not in OPS:
+    elif kernels not in OPS:
         raise LabError(f"kernels {kernels!r} unknown; known: {', '.join(OPS)}")
-    if kernels == "triton" and not backend.triton_installed():
+    elif kernels == "triton" and not backend.triton_installed():
         raise LabError(f"kernels 'triton' skipped: {backend.TRITON_MISSING}; use kernels='torch'")
     return OPS[kernels]
 

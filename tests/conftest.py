@@ -40,6 +40,7 @@ def _cuda_available():
 # asked for Triton to the file this names; without a GPU, the run with Triton then takes only what
 # the run without it cannot stand for (`only_what_asked`; tests/no_triton/sitecustomize.py says why).
 WITH_TRITON_ONLY_ENV = "LABKIT_WITH_TRITON_ONLY"
+TRITON_ASKED_ENV = "LABKIT_TRITON_ASKED"  # where the run without Triton records who asked (the block's ASKED_ENV)
 NOT_RUN_WITHOUT_TRITON = ("triton", "browser")  # skipped there, or left out of it (`-m "not browser"`)
 
 
@@ -114,7 +115,7 @@ def _keep_only_what_asked(config, items):
 def pytest_runtest_setup(item):
     """In the run without Triton that records who asked for it (tests/no_triton/sitecustomize.py),
     torch's cached answers are forgotten before each test, so a test relying on one asks again."""
-    if os.environ.get("LABKIT_TRITON_ASKED") and "torch.utils._triton" in sys.modules:
+    if os.environ.get(TRITON_ASKED_ENV) and "torch.utils._triton" in sys.modules:
         for value in vars(sys.modules["torch.utils._triton"]).values():
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()

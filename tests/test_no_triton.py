@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TRITON_ASKED_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = ROOT / "tests" / "no_triton"
 SKIPPED = "skipped: Triton is not installed (no wheels for this platform)"
@@ -32,7 +34,7 @@ def without_triton(args: list[str], timeout: float = 300, cwd: Path = ROOT,
     env = {**os.environ, "PYTHONPATH": path, "LABKIT_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"}
     env.pop("PYTEST_CURRENT_TEST", None)  # this test is not the one asking: the suite's own tests name themselves
     if asked is not None:
-        env["LABKIT_TRITON_ASKED"] = str(asked)
+        env[TRITON_ASKED_ENV] = str(asked)
     return subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
 
@@ -126,7 +128,7 @@ def test_the_block_records_who_asked_for_triton_in_every_process(tmp_path, curre
     its file while a fixture was set up; with no test running and no test file on the stack, it
     is unknown (and `only_what_asked` then keeps every test)."""
     log = tmp_path / "asked.txt"
-    env = {**os.environ, "LABKIT_TRITON_ASKED": str(log), "PYTHONPATH": str(BLOCK)}
+    env = {**os.environ, TRITON_ASKED_ENV: str(log), "PYTHONPATH": str(BLOCK)}
     env.pop("PYTEST_CURRENT_TEST", None)
     if current:
         env["PYTEST_CURRENT_TEST"] = current
@@ -144,7 +146,7 @@ def test_a_module_asking_while_collected_names_every_test_file_importing_it(tmp_
                                                       "except ImportError:\n    pass\n")
     (tmp_path / "tests" / "test_outer.py").write_text("import test_inner\n")
     log = tmp_path / "asked.txt"
-    env = {**os.environ, "LABKIT_TRITON_ASKED": str(log), "PYTHONPATH": os.pathsep.join([str(BLOCK), str(tmp_path / "tests")])}
+    env = {**os.environ, TRITON_ASKED_ENV: str(log), "PYTHONPATH": os.pathsep.join([str(BLOCK), str(tmp_path / "tests")])}
     env.pop("PYTEST_CURRENT_TEST", None)
     done = subprocess.run([sys.executable, "-c", "import test_outer"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
